@@ -1,0 +1,232 @@
+//! Client for the Edge Worker API of the edge3 provider (`/edge_worker/v1/…`).
+//!
+//! Each call mints its own token (see [`crate::edge_token`]) whose `method` claim is the
+//! *decoded* path after `/edge_worker/v1/`: the server compares it with the path it routed,
+//! after percent-decoding. The URL itself carries percent-encoded segments, because run ids
+//! hold characters such as `+` and `:` and dag/task ids may hold anything the UI allows.
+
+use crate::edge_token::EdgeTokenSigner;
+use crate::edge_types::{
+    EdgeJob, FetchBody, HeartbeatAnswer, JobState, JobStateBody, PushLogsBody, RegisterAnswer,
+    TaskKey, WorkerStateBody,
+};
+use crate::error::{truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use url::Url;
+
+/// Names of the Edge API calls, as used in logs and metric labels.
+pub mod call {
+    pub const REGISTER: &str = "register";
+    pub const HEARTBEAT: &str = "heartbeat";
+    pub const FETCH: &str = "fetch";
+    pub const JOB_STATE: &str = "job_state";
+    pub const LOGS_PUSH: &str = "logs_push";
+}
+
+/// Receives the outcome of every call, so the agent can export request metrics without the
+/// client knowing about Prometheus.
+pub trait CallObserver: Send + Sync {
+    fn observe(&self, call: &'static str, elapsed: Duration, ok: bool);
+}
+
+/// An observer that records nothing (for the Sentinel and for tests).
+pub struct NoObserver;
+
+impl CallObserver for NoObserver {
+    fn observe(&self, _: &'static str, _: Duration, _: bool) {}
+}
+
+pub struct EdgeClient {
+    http: reqwest::Client,
+    base: Url,
+    signer: EdgeTokenSigner,
+    observer: Box<dyn CallObserver>,
+}
+
+impl EdgeClient {
+    /// `base` is the Edge API base, e.g. `http://airflow:8080/edge_worker/v1`.
+    pub fn new(
+        base: &Url,
+        signer: EdgeTokenSigner,
+        observer: Box<dyn CallObserver>,
+    ) -> Result<Self, reqwest::Error> {
+        let mut base = base.clone();
+        // Url::join and path_segments_mut treat a trailing slash as an empty last segment.
+        if base.path().ends_with('/') {
+            let trimmed = base.path().trim_end_matches('/').to_string();
+            base.set_path(&trimmed);
+        }
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("astro-agent/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(EdgeClient {
+            http,
+            base,
+            signer,
+            observer,
+        })
+    }
+
+    /// `POST worker/{name}`. A 409 means the name is still marked active on the server.
+    pub async fn register(
+        &self,
+        worker: &str,
+        body: &WorkerStateBody,
+    ) -> Result<RegisterAnswer, ApiError> {
+        self.call(
+            call::REGISTER,
+            Method::POST,
+            &["worker", worker],
+            Some(body),
+        )
+        .await
+    }
+
+    /// `PATCH worker/{name}`: the heartbeat, whose answer is authoritative.
+    pub async fn heartbeat(
+        &self,
+        worker: &str,
+        body: &WorkerStateBody,
+    ) -> Result<HeartbeatAnswer, ApiError> {
+        self.call(
+            call::HEARTBEAT,
+            Method::PATCH,
+            &["worker", worker],
+            Some(body),
+        )
+        .await
+    }
+
+    /// `POST jobs/fetch/{name}`: `None` when no job is waiting on our queues.
+    pub async fn fetch_job(
+        &self,
+        worker: &str,
+        queues: &[String],
+        free_concurrency: u32,
+    ) -> Result<Option<EdgeJob>, ApiError> {
+        let body = FetchBody {
+            queues,
+            free_concurrency,
+            supports_task_instance_uuid: true,
+        };
+        self.call(
+            call::FETCH,
+            Method::POST,
+            &["jobs", "fetch", worker],
+            Some(&body),
+        )
+        .await
+    }
+
+    /// `PATCH jobs/state/{dag}/{task}/{run}/{try}/{map}/{state}`.
+    pub async fn set_job_state(&self, key: &TaskKey, state: JobState) -> Result<(), ApiError> {
+        let try_number = key.try_number.to_string();
+        let map_index = key.map_index.to_string();
+        let path = [
+            "jobs",
+            "state",
+            &key.dag_id,
+            &key.task_id,
+            &key.run_id,
+            &try_number,
+            &map_index,
+            state.as_str(),
+        ];
+        let body = JobStateBody {
+            task_instance_id: key.task_instance_id.as_deref(),
+        };
+        self.call::<_, serde_json::Value>(call::JOB_STATE, Method::PATCH, &path, Some(&body))
+            .await
+            .map(drop)
+    }
+
+    /// `POST logs/push/{dag}/{task}/{run}/{try}/{map}` with one chunk of log text.
+    pub async fn push_logs(&self, key: &TaskKey, chunk: &str) -> Result<(), ApiError> {
+        let try_number = key.try_number.to_string();
+        let map_index = key.map_index.to_string();
+        let path = [
+            "logs",
+            "push",
+            &key.dag_id,
+            &key.task_id,
+            &key.run_id,
+            &try_number,
+            &map_index,
+        ];
+        let body = PushLogsBody {
+            log_chunk_time: chrono::Utc::now().to_rfc3339(),
+            log_chunk_data: chunk,
+            task_instance_id: key.task_instance_id.as_deref(),
+        };
+        self.call::<_, serde_json::Value>(call::LOGS_PUSH, Method::POST, &path, Some(&body))
+            .await
+            .map(drop)
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        name: &'static str,
+        method: Method,
+        segments: &[&str],
+        body: Option<&B>,
+    ) -> Result<T, ApiError> {
+        let started = Instant::now();
+        let result = self.send(name, method, segments, body).await;
+        self.observer
+            .observe(name, started.elapsed(), result.is_ok());
+        result
+    }
+
+    async fn send<B: Serialize, T: DeserializeOwned>(
+        &self,
+        name: &'static str,
+        method: Method,
+        segments: &[&str],
+        body: Option<&B>,
+    ) -> Result<T, ApiError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .expect("an http(s) base URL always has path segments")
+            .extend(segments);
+        let token = self.signer.sign(&segments.join("/"));
+        let mut request = self
+            .http
+            .request(method, url)
+            // The edge3 API wants the raw token; a `Bearer ` prefix is refused with 403.
+            .header(reqwest::header::AUTHORIZATION, token)
+            .header(reqwest::header::ACCEPT, "application/json");
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|source| ApiError::Transport { call: name, source })?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|source| ApiError::Transport { call: name, source })?;
+        if !status.is_success() {
+            return Err(ApiError::Status {
+                call: name,
+                status: status.as_u16(),
+                body: truncate_body(&text),
+            });
+        }
+        let text = if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
+            "null"
+        } else {
+            text.as_str()
+        };
+        serde_json::from_str(text).map_err(|e| ApiError::Malformed {
+            call: name,
+            reason: format!("{e}; body: {}", truncate_body(text)),
+        })
+    }
+}

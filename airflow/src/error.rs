@@ -1,0 +1,61 @@
+use std::time::Duration;
+
+/// Why a call to Airflow did not produce the expected answer.
+///
+/// Every variant carries enough to log one clear line; [`ApiError::is_retryable`] tells the
+/// caller whether trying again can help.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The server could not be reached or the connection broke (includes timeouts).
+    #[error("{call}: transport error: {source}")]
+    Transport {
+        call: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The server answered with a non-success status.
+    #[error("{call}: HTTP {status}: {body}")]
+    Status {
+        call: &'static str,
+        status: u16,
+        body: String,
+    },
+    /// The server answered 2xx but the body is not what the protocol says.
+    #[error("{call}: malformed answer: {reason}")]
+    Malformed { call: &'static str, reason: String },
+}
+
+impl ApiError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Transport failures, 5xx, 429 and malformed answers are worth retrying; other 4xx are
+    /// answers about the request itself and would come back the same.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ApiError::Transport { .. } | ApiError::Malformed { .. } => true,
+            ApiError::Status { status, .. } => *status >= 500 || *status == 429 || *status == 408,
+        }
+    }
+}
+
+/// Timeouts for every Airflow call: a hung api-server must not hang a worker loop.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Body texts in errors are cut so that one misbehaving server cannot flood the log.
+pub(crate) fn truncate_body(body: &str) -> String {
+    const MAX: usize = 300;
+    if body.len() <= MAX {
+        return body.trim().to_string();
+    }
+    let mut end = MAX;
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", body[..end].trim())
+}

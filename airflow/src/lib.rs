@@ -1,0 +1,15 @@
+//! HTTP clients for Apache Airflow 3, shared by `astro-agent` and `astro-sentinel`.
+//!
+//! * [`edge_client`] speaks the Edge Worker API (`/edge_worker/v1/…`) that the edge3
+//!   provider serves: register, heartbeat, fetch jobs, report job states, push logs.
+//! * [`rest_api`] counts task instances per queue and state through the public REST API v2.
+//! * [`backoff`] is the one retry policy both use.
+
+pub mod backoff;
+pub mod edge_client;
+pub mod edge_token;
+pub mod edge_types;
+pub mod error;
+pub mod rest_api;
+
+pub use error::ApiError;

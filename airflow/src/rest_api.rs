@@ -1,0 +1,214 @@
+//! Task-instance counts per queue and state from Airflow's public REST API v2.
+//!
+//! `GET /api/v2/dags/~/dagRuns/~/taskInstances?queue=Q&state=S&limit=0` answers
+//! `total_entries` without listing anything, which is the cheapest count the API offers.
+//! Authentication is a bearer token, either given as is or obtained from `/auth/token` with a
+//! username and password and obtained again whenever the server answers 401.
+
+use crate::error::{truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use serde::Deserialize;
+use tokio::sync::Mutex;
+use url::Url;
+
+/// How the client proves who it is to the REST API.
+#[derive(Clone)]
+pub enum RestCredentials {
+    /// A bearer token used as is (it cannot be renewed by the client).
+    Token(String),
+    /// Exchanged at `POST /auth/token` for a bearer token, again on every 401.
+    Password { username: String, password: String },
+}
+
+impl std::fmt::Debug for RestCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestCredentials::Token(_) => f.write_str("Token(<hidden>)"),
+            RestCredentials::Password { username, .. } => {
+                write!(
+                    f,
+                    "Password {{ username: {username:?}, password: <hidden> }}"
+                )
+            }
+        }
+    }
+}
+
+/// Queued and running task instances on one queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueCounts {
+    pub queued: u64,
+    pub running: u64,
+}
+
+pub mod call {
+    pub const LOGIN: &str = "rest_login";
+    pub const COUNT: &str = "rest_count";
+}
+
+pub struct RestApiClient {
+    http: reqwest::Client,
+    base: Url,
+    credentials: RestCredentials,
+    /// The bearer token in use; `None` until the first login (password credentials).
+    token: Mutex<Option<String>>,
+}
+
+#[derive(Deserialize)]
+struct TokenAnswer {
+    access_token: String,
+}
+
+#[derive(Deserialize)]
+struct CountAnswer {
+    total_entries: u64,
+}
+
+impl RestApiClient {
+    /// `base` is the api-server's root, e.g. `http://airflow:8080`.
+    pub fn new(base: &Url, credentials: RestCredentials) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("astro-agent/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let token = match &credentials {
+            RestCredentials::Token(t) => Some(t.clone()),
+            RestCredentials::Password { .. } => None,
+        };
+        let mut base = base.clone();
+        if base.path().ends_with('/') {
+            let trimmed = base.path().trim_end_matches('/').to_string();
+            base.set_path(&trimmed);
+        }
+        Ok(RestApiClient {
+            http,
+            base,
+            credentials,
+            token: Mutex::new(token),
+        })
+    }
+
+    /// Queued and running counts of one queue (two requests).
+    pub async fn queue_counts(&self, queue: &str) -> Result<QueueCounts, ApiError> {
+        Ok(QueueCounts {
+            queued: self.count(queue, "queued").await?,
+            running: self.count(queue, "running").await?,
+        })
+    }
+
+    /// The number of task instances on `queue` in `state`, over all DAGs and runs.
+    pub async fn count(&self, queue: &str, state: &str) -> Result<u64, ApiError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .expect("an http(s) base URL always has path segments")
+            .extend(["api", "v2", "dags", "~", "dagRuns", "~", "taskInstances"]);
+        url.query_pairs_mut()
+            .append_pair("queue", queue)
+            .append_pair("state", state)
+            .append_pair("limit", "0");
+
+        let mut renewed = false;
+        loop {
+            let token = self.current_token().await?;
+            let response = self
+                .http
+                .get(url.clone())
+                .bearer_auth(&token)
+                .send()
+                .await
+                .map_err(|source| ApiError::Transport {
+                    call: call::COUNT,
+                    source,
+                })?;
+            let status = response.status();
+            // A 401 with a password means the token expired or the server's secret rotated:
+            // log in again once. With a fixed token there is nothing to renew.
+            if status == reqwest::StatusCode::UNAUTHORIZED
+                && !renewed
+                && matches!(self.credentials, RestCredentials::Password { .. })
+            {
+                self.forget_token(&token).await;
+                renewed = true;
+                continue;
+            }
+            let text = response
+                .text()
+                .await
+                .map_err(|source| ApiError::Transport {
+                    call: call::COUNT,
+                    source,
+                })?;
+            if !status.is_success() {
+                return Err(ApiError::Status {
+                    call: call::COUNT,
+                    status: status.as_u16(),
+                    body: truncate_body(&text),
+                });
+            }
+            let answer: CountAnswer =
+                serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
+                    call: call::COUNT,
+                    reason: format!("{e}; body: {}", truncate_body(&text)),
+                })?;
+            return Ok(answer.total_entries);
+        }
+    }
+
+    async fn current_token(&self) -> Result<String, ApiError> {
+        let mut guard = self.token.lock().await;
+        if let Some(token) = guard.as_ref() {
+            return Ok(token.clone());
+        }
+        let RestCredentials::Password { username, password } = &self.credentials else {
+            unreachable!("a fixed token is set at construction and never forgotten")
+        };
+        let token = self.login(username, password).await?;
+        *guard = Some(token.clone());
+        Ok(token)
+    }
+
+    /// Drops `stale` unless another caller already replaced it.
+    async fn forget_token(&self, stale: &str) {
+        let mut guard = self.token.lock().await;
+        if guard.as_deref() == Some(stale) {
+            *guard = None;
+        }
+    }
+
+    async fn login(&self, username: &str, password: &str) -> Result<String, ApiError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .expect("an http(s) base URL always has path segments")
+            .extend(["auth", "token"]);
+        let response = self
+            .http
+            .post(url)
+            .json(&serde_json::json!({"username": username, "password": password}))
+            .send()
+            .await
+            .map_err(|source| ApiError::Transport {
+                call: call::LOGIN,
+                source,
+            })?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|source| ApiError::Transport {
+                call: call::LOGIN,
+                source,
+            })?;
+        if !status.is_success() {
+            return Err(ApiError::Status {
+                call: call::LOGIN,
+                status: status.as_u16(),
+                body: truncate_body(&text),
+            });
+        }
+        let answer: TokenAnswer = serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
+            call: call::LOGIN,
+            reason: format!("{e} (token answer not shown)"),
+        })?;
+        Ok(answer.access_token)
+    }
+}
