@@ -1,0 +1,339 @@
+"""A real Apache Airflow 3 + Edge executor on PostgreSQL, for end-to-end tests.
+
+    stack = AirflowStack().start()      # ~10 s warm; builds the airflow venv on first use
+    try:
+        client = stack.client           # REST client (see airflow_client.py)
+        ...
+    finally:
+        stack.stop()
+
+What runs: a private PostgreSQL cluster, ``airflow db migrate``, then
+``airflow api-server``, ``airflow scheduler`` and ``airflow dag-processor``, each in
+its own process group with its PID recorded and its output in
+``<workdir>/<name>.log``. Everything lives in one temp folder that :meth:`stop`
+removes (set ``ASTRO_E2E_KEEP=1`` to keep it for a post-mortem).
+
+Airflow settings that matter for tests:
+* executor ``EdgeExecutor``, Edge Worker API enabled, a fresh random JWT secret
+  (64 random bytes, url-safe text) per stack;
+* SimpleAuthManager with user ``admin`` / password ``admin`` (:data:`USERNAME`, :data:`PASSWORD`);
+* DAGS_FOLDER = tests/e2e/dags, no example DAGs, parallelism / pool / per-DAG
+  limits at 512 so whole runs get queued at once, the DAG folder rescanned every 5 s.
+
+Workers (astro-agent, the Python edge worker) get :meth:`worker_env`: their own
+AIRFLOW_HOME and their own BASE_LOG_FOLDER, the DAGs folder and the airflow venv
+on PATH — but no database URL and no JWT secret. Their log folder is deliberately
+not the api-server's :attr:`log_folder`: a task log the REST API shows can only
+have got there through the Edge API's ``logs/push``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+from airflow_client import AirflowClient
+from postgres import PostgresCluster
+from procs import Daemon, StartupError, free_port, log_tail, wait_for
+
+E2E_DIR = Path(__file__).resolve().parent
+DAGS_FOLDER = E2E_DIR / "dags"
+USERNAME = "admin"
+PASSWORD = "admin"
+EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
+
+
+def airflow_venv() -> Path:
+    """Path of the cached venv with Airflow + the Edge provider (built on first use)."""
+    out = subprocess.run(
+        ["bash", str(E2E_DIR / "venvs.sh"), "airflow"], check=True, stdout=subprocess.PIPE, text=True
+    ).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def _clean_environ() -> dict[str, str]:
+    """os.environ without any AIRFLOW* variable, so the caller's shell cannot leak config in."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+
+
+class AirflowStack:
+    """Starts and stops one Airflow deployment. All attributes are valid after :meth:`start`.
+
+    Attributes:
+        api_base: ``http://127.0.0.1:PORT`` (public REST API, UI, auth).
+        edge_api_url: ``{api_base}/edge_worker/v1`` — astro-agent's ``--api-url``.
+        execution_api_url: ``{api_base}/execution/`` — astro-agent's ``--execution-api-url``.
+        jwt_secret: the ``[api_auth] jwt_secret`` (text); ``jwt_secret_file`` holds the same
+            value without a trailing newline (mode 0600) for ``--jwt-secret-file``.
+        log_folder: the api-server's BASE_LOG_FOLDER (where pushed logs land).
+        postgres_url: ``postgres://airflow:PASSWORD@127.0.0.1:PORT/airflow`` (password auth).
+        airflow_bin_dir: ``<airflow venv>/bin`` (``python``, ``airflow``).
+        python: ``<airflow venv>/bin/python`` — astro-agent's ``--python``.
+        workdir: the temp folder holding everything.
+        timings: seconds spent in each start-up phase (``venv``, ``postgres``, ``migrate``,
+            ``daemons``, ``total``).
+    """
+
+    def __init__(self, dags_folder: Path = DAGS_FOLDER, extra_env: dict[str, str] | None = None):
+        self.dags_folder = Path(dags_folder)
+        self.extra_env = dict(extra_env or {})
+        self.workdir: Path | None = None
+        self.port: int | None = None
+        self.jwt_secret = secrets.token_urlsafe(64)
+        self.timings: dict[str, float] = {}
+        self._pg: PostgresCluster | None = None
+        self._venv: Path | None = None
+        self._daemons: dict[str, Daemon] = {}
+        self._client: AirflowClient | None = None
+        self._stopped = False
+
+    # ---- addresses -------------------------------------------------------------------
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def edge_api_url(self) -> str:
+        return f"{self.api_base}/edge_worker/v1"
+
+    @property
+    def execution_api_url(self) -> str:
+        return f"{self.api_base}/execution/"
+
+    @property
+    def postgres_url(self) -> str:
+        return self._pg.url
+
+    @property
+    def airflow_bin_dir(self) -> Path:
+        return self._venv / "bin"
+
+    @property
+    def python(self) -> Path:
+        return self.airflow_bin_dir / "python"
+
+    @property
+    def log_folder(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def jwt_secret_file(self) -> Path:
+        return self.workdir / "secrets" / "jwt_secret"
+
+    @property
+    def client(self) -> AirflowClient:
+        """A REST client logged in as admin (shared; create more with :meth:`new_client`)."""
+        if self._client is None:
+            self._client = self.new_client()
+        return self._client
+
+    def new_client(self) -> AirflowClient:
+        return AirflowClient(self.api_base, USERNAME, PASSWORD)
+
+    def daemon(self, name: str) -> Daemon:
+        """The running ``api-server``, ``scheduler`` or ``dag-processor`` (PID, log file)."""
+        return self._daemons[name]
+
+    # ---- environments ----------------------------------------------------------------
+
+    def server_env(self) -> dict[str, str]:
+        """Full environment of the Airflow daemons (includes DB URL and JWT secret)."""
+        env = _clean_environ()
+        env.update(
+            PATH=f"{self.airflow_bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
+            PYTHONUNBUFFERED="1",
+            AIRFLOW_HOME=str(self.workdir / "home"),
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self._pg.sqlalchemy_url,
+            AIRFLOW__CORE__EXECUTOR=EXECUTOR,
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__DAGS_FOLDER=str(self.dags_folder),
+            AIRFLOW__CORE__FERNET_KEY=self._fernet_key,
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=self.execution_api_url,
+            AIRFLOW__CORE__PARALLELISM="512",
+            AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG="512",
+            # Only read when `db migrate` creates default_pool (128 slots otherwise).
+            AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT="512",
+            AIRFLOW__SCHEDULER__MAX_TIS_PER_QUERY="512",
+            AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USERNAME}:admin",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(self.workdir / "secrets" / "passwords.json"),
+            AIRFLOW__API__BASE_URL=self.api_base,
+            AIRFLOW__API__SECRET_KEY=self._api_secret_key,
+            AIRFLOW__API_AUTH__JWT_SECRET=self.jwt_secret,
+            AIRFLOW__EDGE__API_ENABLED="True",
+            AIRFLOW__EDGE__API_URL=f"{self.edge_api_url}/rpcapi",
+            AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(self.log_folder),
+            # Default 300 s: a DAG file added while the stack runs would take minutes to appear.
+            AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def worker_dir(self, name: str) -> Path:
+        """Private folder of worker ``name`` (its AIRFLOW_HOME and log folder live inside)."""
+        path = self.workdir / "workers" / name
+        (path / "home").mkdir(parents=True, exist_ok=True)
+        (path / "logs").mkdir(parents=True, exist_ok=True)
+        return path
+
+    def worker_log_folder(self, name: str = "worker") -> Path:
+        """BASE_LOG_FOLDER of worker ``name`` — astro-agent's ``--log-folder``."""
+        return self.worker_dir(name) / "logs"
+
+    def worker_env(self, name: str = "worker") -> dict[str, str]:
+        """Full environment for a worker host called ``name`` (one folder per name).
+
+        The caller's environment minus any AIRFLOW* variable, plus: PATH with the airflow
+        venv's bin first, AIRFLOW_HOME, AIRFLOW__CORE__DAGS_FOLDER and
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER. No database URL, no JWT secret, no Edge or
+        Execution API URL: whoever runs the worker adds what it needs.
+        """
+        folder = self.worker_dir(name)
+        env = _clean_environ()
+        env.update(
+            PATH=f"{self.airflow_bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
+            AIRFLOW_HOME=str(folder / "home"),
+            AIRFLOW__CORE__DAGS_FOLDER=str(self.dags_folder),
+            AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(folder / "logs"),
+        )
+        return env
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout: float = 180.0) -> "AirflowStack":
+        """Bring everything up; raise with the failing daemon's log tail on failure.
+
+        On failure everything already started is stopped before the error propagates.
+        """
+        t0 = time.monotonic()
+        atexit.register(self.stop)
+        try:
+            self._venv = airflow_venv()
+            self.timings["venv"] = time.monotonic() - t0
+            self._prepare_workdir()
+
+            t = time.monotonic()
+            self._pg = PostgresCluster(self.workdir / "pg").start()
+            self.timings["postgres"] = time.monotonic() - t
+
+            t = time.monotonic()
+            self.port = free_port()
+            self._migrate(timeout)
+            self.timings["migrate"] = time.monotonic() - t
+
+            t = time.monotonic()
+            for name in ("api-server", "scheduler", "dag-processor"):
+                self._start_daemon(name)
+            self._wait_healthy(timeout, need_scheduler=True)
+            self.timings["daemons"] = time.monotonic() - t
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Stop the daemons (SIGTERM, then SIGKILL after 20 s), Postgres, remove the folder. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for name in ("scheduler", "dag-processor", "api-server"):
+            daemon = self._daemons.get(name)
+            if daemon is not None:
+                daemon.stop()
+        if self._pg is not None:
+            try:
+                self._pg.stop()
+            except Exception as e:  # keep tearing down
+                print(f"postgres stop failed: {e}")
+        if self.workdir is not None:
+            if os.environ.get("ASTRO_E2E_KEEP"):
+                print(f"ASTRO_E2E_KEEP set: keeping {self.workdir}")
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def stop_api_server(self) -> None:
+        """Stop only the api-server (scheduler and dag-processor keep running)."""
+        self._daemons["api-server"].stop()
+
+    def start_api_server(self, timeout: float = 120.0) -> None:
+        """Start the api-server again on the same port and wait until it is healthy."""
+        self._start_daemon("api-server")
+        self._wait_healthy(timeout, need_scheduler=False)
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _prepare_workdir(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="astro-e2e-airflow-"))
+        # Traversable but not listable by others: the postgres user must reach pg/.
+        os.chmod(self.workdir, 0o711)
+        for sub in ("home", "logs", "workers"):
+            (self.workdir / sub).mkdir()
+        secrets_dir = self.workdir / "secrets"
+        secrets_dir.mkdir(mode=0o700)
+        (secrets_dir / "passwords.json").write_text(f'{{"{USERNAME}": "{PASSWORD}"}}')
+        self.jwt_secret_file.write_text(self.jwt_secret)
+        os.chmod(self.jwt_secret_file, 0o600)
+        self._fernet_key = _fernet_key()
+        self._api_secret_key = secrets.token_urlsafe(32)
+
+    def _migrate(self, timeout: float) -> None:
+        log = self.workdir / "db-migrate.log"
+        with open(log, "wb") as out:
+            result = subprocess.run(
+                [str(self.airflow_bin_dir / "airflow"), "db", "migrate"],
+                env=self.server_env(),
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+            )
+        if result.returncode != 0:
+            raise StartupError(f"airflow db migrate exited {result.returncode}; log {log}:\n{log_tail(log)}")
+
+    def _start_daemon(self, name: str) -> None:
+        argv = [str(self.airflow_bin_dir / "airflow"), name]
+        if name == "api-server":
+            argv += ["-H", "127.0.0.1", "-p", str(self.port)]
+        daemon = Daemon(name, argv, self.server_env(), self.workdir / f"{name}.log", cwd=self.workdir)
+        self._daemons[name] = daemon.start()
+
+    def _wait_healthy(self, timeout: float, need_scheduler: bool) -> None:
+        """Poll the health endpoints; fail fast (with its log) if a daemon dies."""
+
+        def healthy():
+            for daemon in self._daemons.values():
+                daemon.check_alive()
+            try:
+                health = requests.get(f"{self.api_base}/api/v2/monitor/health", timeout=5)
+                edge = requests.get(f"{self.edge_api_url}/health", timeout=5)
+            except requests.RequestException:
+                return False
+            if health.status_code != 200 or edge.status_code != 200:
+                return False
+            if edge.json().get("status") != "healthy":
+                return False
+            body = health.json()
+            parts = ["metadatabase"] + (["scheduler", "dag_processor"] if need_scheduler else [])
+            return all((body.get(p) or {}).get("status") == "healthy" for p in parts)
+
+        def tails():
+            return "\n".join(f"== {n} ({d.log_file}):\n{d.tail(25)}" for n, d in self._daemons.items())
+
+        wait_for(healthy, timeout, "Airflow health endpoints", interval=0.3, on_timeout=tails)
+
+
+def _fernet_key() -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(os.urandom(32)).decode()
