@@ -1,1 +1,95 @@
-fn main() {}
+//! astro-agent: runs Apache Airflow 3 tasks from the Edge Worker API, exports queue-depth
+//! metrics for autoscaling, and drains on SIGTERM.
+
+mod admin_server;
+mod agent;
+mod config;
+mod context;
+mod fetch_loop;
+mod heartbeat;
+mod log_shipper;
+mod metrics;
+mod queue_stats;
+mod readiness;
+mod registration;
+mod reporter;
+mod shutdown;
+mod slots;
+mod task_process;
+mod task_runner;
+mod versions;
+mod worker_status;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+/// Exit code for an invalid configuration.
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let flags = match config::Flags::try_parse() {
+        Ok(flags) => flags,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let line = rendered.lines().next().unwrap_or("invalid arguments");
+            eprintln!("astro-agent: {}", line.trim_start_matches("error: "));
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+
+    let hostname = || {
+        std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| nix::unistd::gethostname().ok()?.into_string().ok())
+    };
+    let config = match flags.validate(std::env::var("ASTRO_AGENT_JWT_SECRET").ok(), hostname) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("astro-agent: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let versions = match versions::resolve(
+        &config.python,
+        config.airflow_version.clone(),
+        config.edge_provider_version.clone(),
+    ) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("astro-agent: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+
+    // One thread is plenty: the agent only waits on sockets, pipes and child processes.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("astro-agent: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(agent::run(config, versions)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! The agent's configuration: one clap struct, every flag also read from `ASTRO_AGENT_<FLAG>`,
+//! and one validation step that turns it into [`Config`] or a one-line error naming the flag.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use url::Url;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "astro-agent",
+    version,
+    about = "Runs Apache Airflow 3 tasks from the Edge Worker API; drains on SIGTERM."
+)]
+pub struct Flags {
+    /// Edge Worker API base URL, e.g. http://airflow-api-server:8080/edge_worker/v1
+    #[arg(long, env = "ASTRO_AGENT_API_URL", value_name = "URL")]
+    pub api_url: Option<String>,
+
+    /// File holding Airflow's [api_auth] jwt_secret (or give the value in ASTRO_AGENT_JWT_SECRET)
+    #[arg(long, env = "ASTRO_AGENT_JWT_SECRET_FILE", value_name = "PATH")]
+    pub jwt_secret_file: Option<PathBuf>,
+
+    /// Name this worker registers under [default: $HOSTNAME, else the host name]
+    #[arg(long, env = "ASTRO_AGENT_WORKER_NAME", value_name = "NAME")]
+    pub worker_name: Option<String>,
+
+    /// Comma-separated queues to take tasks from
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_QUEUES",
+        value_name = "QUEUES",
+        default_value = "default"
+    )]
+    pub queues: String,
+
+    /// Slots: how many task slots run at once (a job takes its concurrency_slots of them)
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_SYNC_SLOTS",
+        value_name = "N",
+        default_value_t = 16
+    )]
+    pub sync_slots: u32,
+
+    /// Address of the HTTP server for /metrics, /healthz and /readyz
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_LISTEN",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:39091"
+    )]
+    pub listen: String,
+
+    /// Time between heartbeats (and queue-stats refreshes)
+    #[arg(long, env = "ASTRO_AGENT_HEARTBEAT_INTERVAL", value_name = "DURATION",
+          default_value = "30s", value_parser = humantime::parse_duration)]
+    pub heartbeat_interval: Duration,
+
+    /// Time between fetches while slots are free and the last fetch found no job
+    #[arg(long, env = "ASTRO_AGENT_IDLE_FETCH_INTERVAL", value_name = "DURATION",
+          default_value = "5s", value_parser = humantime::parse_duration)]
+    pub idle_fetch_interval: Duration,
+
+    /// Execution API URL handed to tasks, e.g. http://airflow-api-server:8080/execution/
+    #[arg(long, env = "ASTRO_AGENT_EXECUTION_API_URL", value_name = "URL")]
+    pub execution_api_url: Option<String>,
+
+    /// Python executable that has the Airflow task SDK and the edge3 provider
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_PYTHON",
+        value_name = "PATH",
+        default_value = "python3"
+    )]
+    pub python: PathBuf,
+
+    /// Airflow's base log folder: tasks write their logs below it
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_LOG_FOLDER",
+        value_name = "PATH",
+        default_value = "/opt/airflow/logs"
+    )]
+    pub log_folder: PathBuf,
+
+    /// Airflow version to report [default: detected from --python]
+    #[arg(long, env = "ASTRO_AGENT_AIRFLOW_VERSION", value_name = "VERSION")]
+    pub airflow_version: Option<String>,
+
+    /// Edge provider version to report [default: detected from --python]
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_EDGE_PROVIDER_VERSION",
+        value_name = "VERSION"
+    )]
+    pub edge_provider_version: Option<String>,
+
+    /// How long a drain may wait for running tasks before it SIGTERMs them [default: no limit]
+    #[arg(long, env = "ASTRO_AGENT_DRAIN_TIMEOUT", value_name = "DURATION",
+          value_parser = humantime::parse_duration)]
+    pub drain_timeout: Option<Duration>,
+
+    /// Airflow REST API base (http://HOST:PORT) for queue stats; off when not given
+    #[arg(long, env = "ASTRO_AGENT_REST_API_URL", value_name = "URL")]
+    pub rest_api_url: Option<String>,
+
+    /// Bearer token for the REST API
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_REST_API_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub rest_api_token: Option<String>,
+
+    /// User exchanged for a token at /auth/token (with --rest-api-password)
+    #[arg(long, env = "ASTRO_AGENT_REST_API_USERNAME", value_name = "USER")]
+    pub rest_api_username: Option<String>,
+
+    /// Password for --rest-api-username
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_REST_API_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
+    pub rest_api_password: Option<String>,
+}
+
+/// Where queue statistics come from, when they are on.
+#[derive(Debug, Clone)]
+pub struct RestApiConfig {
+    pub url: Url,
+    pub credentials: airflow::rest_api::RestCredentials,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub api_url: Url,
+    pub jwt_secret: Secret,
+    pub worker_name: String,
+    pub queues: Vec<String>,
+    pub sync_slots: u32,
+    pub listen: SocketAddr,
+    pub heartbeat_interval: Duration,
+    pub idle_fetch_interval: Duration,
+    pub execution_api_url: Url,
+    pub python: PathBuf,
+    pub log_folder: PathBuf,
+    pub airflow_version: Option<String>,
+    pub edge_provider_version: Option<String>,
+    pub drain_timeout: Option<Duration>,
+    pub rest_api: Option<RestApiConfig>,
+}
+
+/// Bytes that must never be printed.
+#[derive(Clone)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+/// A configuration error: the flag it concerns and what is wrong, printed as one line.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub problem: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid configuration: {}: {}", self.flag, self.problem)
+    }
+}
+
+fn err(flag: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        flag,
+        problem: problem.into(),
+    }
+}
+
+fn http_url(flag: &'static str, value: Option<&str>) -> Result<Url, ConfigError> {
+    let value = value.ok_or_else(|| err(flag, "is required"))?;
+    let url = Url::parse(value).map_err(|e| err(flag, format!("{value:?} is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(err(
+            flag,
+            format!("{value:?} must be an http:// or https:// URL with a host"),
+        ));
+    }
+    Ok(url)
+}
+
+impl Flags {
+    /// Checks every value and reads the secret. `env_secret` is ASTRO_AGENT_JWT_SECRET and
+    /// `hostname` the fallback worker name; both are passed in so tests need no process state.
+    pub fn validate(
+        self,
+        env_secret: Option<String>,
+        hostname: impl FnOnce() -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let api_url = http_url("--api-url", self.api_url.as_deref())?;
+        let execution_api_url = http_url("--execution-api-url", self.execution_api_url.as_deref())?;
+
+        let jwt_secret = match (&self.jwt_secret_file, env_secret) {
+            (Some(path), _) => std::fs::read(path).map_err(|e| {
+                err(
+                    "--jwt-secret-file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?,
+            (None, Some(value)) => value.into_bytes(),
+            (None, None) => {
+                return Err(err(
+                    "--jwt-secret-file",
+                    "is required (or set ASTRO_AGENT_JWT_SECRET)",
+                ))
+            }
+        };
+        // Files written by editors and Secrets created with `echo` end in a newline that is
+        // not part of the secret.
+        let jwt_secret: Vec<u8> = jwt_secret.trim_ascii_end().to_vec();
+        if jwt_secret.is_empty() {
+            return Err(err("--jwt-secret-file", "the JWT secret is empty"));
+        }
+
+        let worker_name = match self.worker_name.or_else(hostname) {
+            Some(name) if !name.trim().is_empty() => name.trim().to_string(),
+            _ => {
+                return Err(err(
+                    "--worker-name",
+                    "is required (no HOSTNAME to default to)",
+                ))
+            }
+        };
+        if worker_name.contains('/') {
+            return Err(err("--worker-name", "must not contain '/'"));
+        }
+
+        let queues: Vec<String> = self
+            .queues
+            .split(',')
+            .map(|q| q.trim().to_string())
+            .collect();
+        if queues.iter().any(|q| q.is_empty()) {
+            return Err(err(
+                "--queues",
+                format!("{:?} has an empty queue name", self.queues),
+            ));
+        }
+
+        if self.sync_slots < 1 {
+            return Err(err("--sync-slots", "must be at least 1"));
+        }
+        let listen: SocketAddr = self.listen.parse().map_err(|_| {
+            err(
+                "--listen",
+                format!("{:?} is not an address like 0.0.0.0:39091", self.listen),
+            )
+        })?;
+        if self.heartbeat_interval < Duration::from_secs(1) {
+            return Err(err("--heartbeat-interval", "must be at least 1s"));
+        }
+        if self.idle_fetch_interval < Duration::from_millis(100) {
+            return Err(err("--idle-fetch-interval", "must be at least 100ms"));
+        }
+
+        let rest_api = match self.rest_api_url.as_deref() {
+            None => None,
+            Some(url) => {
+                let url = http_url("--rest-api-url", Some(url))?;
+                use airflow::rest_api::RestCredentials;
+                let credentials = match (
+                    self.rest_api_token,
+                    self.rest_api_username,
+                    self.rest_api_password,
+                ) {
+                    (Some(token), None, None) if !token.is_empty() => RestCredentials::Token(token),
+                    (None, Some(username), Some(password)) if !username.is_empty() => {
+                        RestCredentials::Password { username, password }
+                    }
+                    (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                        return Err(err(
+                            "--rest-api-token",
+                            "give either a token or a username and password, not both",
+                        ))
+                    }
+                    (None, Some(_), None) => {
+                        return Err(err(
+                            "--rest-api-password",
+                            "is required with --rest-api-username",
+                        ))
+                    }
+                    _ => {
+                        return Err(err(
+                            "--rest-api-token",
+                            "--rest-api-url needs a token, or --rest-api-username and --rest-api-password",
+                        ))
+                    }
+                };
+                Some(RestApiConfig { url, credentials })
+            }
+        };
+
+        Ok(Config {
+            api_url,
+            jwt_secret: Secret(jwt_secret),
+            worker_name,
+            queues,
+            sync_slots: self.sync_slots,
+            listen,
+            heartbeat_interval: self.heartbeat_interval,
+            idle_fetch_interval: self.idle_fetch_interval,
+            execution_api_url,
+            python: self.python,
+            log_folder: self.log_folder,
+            airflow_version: self.airflow_version,
+            edge_provider_version: self.edge_provider_version,
+            drain_timeout: self.drain_timeout,
+            rest_api,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        let mut argv = vec![
+            "astro-agent",
+            "--api-url",
+            "http://127.0.0.1:8080/edge_worker/v1",
+            "--execution-api-url",
+            "http://127.0.0.1:8080/execution/",
+        ];
+        argv.extend_from_slice(args);
+        Flags::try_parse_from(argv).expect("flags parse")
+    }
+
+    fn validate(args: &[&str]) -> Result<Config, ConfigError> {
+        flags(args).validate(Some("s3cret".into()), || Some("host-1".into()))
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = validate(&[]).unwrap();
+        assert_eq!(c.sync_slots, 16);
+        assert_eq!(c.queues, vec!["default"]);
+        assert_eq!(c.listen.to_string(), "0.0.0.0:39091");
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(30));
+        assert_eq!(c.idle_fetch_interval, Duration::from_secs(5));
+        assert_eq!(c.worker_name, "host-1");
+        assert_eq!(c.drain_timeout, None);
+        assert!(c.rest_api.is_none());
+        assert_eq!(c.jwt_secret.expose(), b"s3cret");
+    }
+
+    #[test]
+    fn values_are_parsed() {
+        let c = validate(&[
+            "--queues",
+            "a, b,c",
+            "--sync-slots",
+            "4",
+            "--drain-timeout",
+            "9m30s",
+            "--worker-name",
+            "w1",
+            "--rest-api-url",
+            "http://127.0.0.1:8080",
+            "--rest-api-username",
+            "admin",
+            "--rest-api-password",
+            "pw",
+        ])
+        .unwrap();
+        assert_eq!(c.queues, vec!["a", "b", "c"]);
+        assert_eq!(c.sync_slots, 4);
+        assert_eq!(c.drain_timeout, Some(Duration::from_secs(570)));
+        assert_eq!(c.worker_name, "w1");
+        assert!(c.rest_api.is_some());
+    }
+
+    #[test]
+    fn each_bad_value_names_its_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--sync-slots", "0"], "--sync-slots"),
+            (&["--queues", "a,,b"], "--queues"),
+            (&["--listen", "nowhere"], "--listen"),
+            (&["--heartbeat-interval", "10ms"], "--heartbeat-interval"),
+            (&["--rest-api-url", "http://x:1"], "--rest-api-token"),
+            (
+                &["--rest-api-url", "http://x:1", "--rest-api-username", "u"],
+                "--rest-api-password",
+            ),
+            (&["--rest-api-url", "ftp://x"], "--rest-api-url"),
+            (&["--worker-name", "a/b"], "--worker-name"),
+        ];
+        for (args, flag) in cases {
+            let e = validate(args).unwrap_err();
+            assert_eq!(e.flag, *flag, "args {args:?} gave {e}");
+            assert!(!e.to_string().contains('\n'));
+        }
+    }
+
+    #[test]
+    fn missing_required_values_are_named() {
+        let e = Flags::try_parse_from(["astro-agent"])
+            .unwrap()
+            .validate(Some("s".into()), || None)
+            .unwrap_err();
+        assert_eq!(e.flag, "--api-url");
+        let e = flags(&[]).validate(None, || Some("h".into())).unwrap_err();
+        assert_eq!(e.flag, "--jwt-secret-file");
+        let e = flags(&[]).validate(Some("s".into()), || None).unwrap_err();
+        assert_eq!(e.flag, "--worker-name");
+        let e = flags(&[])
+            .validate(Some("\n".into()), || Some("h".into()))
+            .unwrap_err();
+        assert_eq!(e.flag, "--jwt-secret-file");
+    }
+
+    #[test]
+    fn secret_file_is_read_and_trimmed_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "from-file\n").unwrap();
+        let c = flags(&["--jwt-secret-file", path.to_str().unwrap()])
+            .validate(None, || Some("h".into()))
+            .unwrap();
+        assert_eq!(c.jwt_secret.expose(), b"from-file");
+        assert!(!format!("{c:?}").contains("from-file"));
+        let e = flags(&["--jwt-secret-file", "/nonexistent/x"])
+            .validate(None, || Some("h".into()))
+            .unwrap_err();
+        assert_eq!(e.flag, "--jwt-secret-file");
+    }
+}

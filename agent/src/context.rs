@@ -1,0 +1,47 @@
+//! What the agent's loops share: clients, slots, status and the stop signals.
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::slots::Slots;
+use crate::task_process::Launcher;
+use crate::worker_status::WorkerStatus;
+use airflow::edge_client::EdgeClient;
+use std::sync::Arc;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub struct Context {
+    pub config: Config,
+    pub edge: EdgeClient,
+    pub metrics: Arc<Metrics>,
+    pub slots: Slots,
+    pub status: WorkerStatus,
+    pub launcher: Launcher,
+    /// Running jobs; "all work finished" is this tracker being closed and empty.
+    pub jobs: TaskTracker,
+    /// Stop fetching: SIGTERM, SIGINT, or Airflow's `shutdown request`.
+    pub drain: CancellationToken,
+    /// Stop running tasks: a second signal or the drain deadline.
+    pub kill: CancellationToken,
+    /// Stop retrying reports: the agent is about to exit whatever Airflow says.
+    pub give_up: CancellationToken,
+    /// Something the next heartbeat should tell Airflow at once (a job started or ended,
+    /// drain began).
+    pub heartbeat_now: Notify,
+    /// A job ended and gave its slots back: fetch again without waiting the idle interval.
+    pub slot_freed: Notify,
+    /// Maintenance mode changed.
+    pub status_changed: Notify,
+}
+
+impl Context {
+    pub fn jobs_active(&self) -> u32 {
+        self.jobs.len() as u32
+    }
+
+    pub fn update_slot_metrics(&self) {
+        self.metrics.slots_total.set(self.slots.total() as i64);
+        self.metrics.slots_in_use.set(self.slots.in_use() as i64);
+    }
+}

@@ -1,0 +1,71 @@
+//! The fetch loop: while slots are free and the agent is not draining, ask Airflow for a job.
+//!
+//! It is work-conserving: after a job arrives it asks again at once, and when a job ends its
+//! slot wakes the loop without waiting for the idle interval. Only a fetch that found nothing
+//! waits the idle interval.
+
+use crate::context::Context;
+use crate::task_runner;
+use airflow::backoff::Backoff;
+use std::sync::Arc;
+
+/// Returns when the drain starts.
+pub async fn run(ctx: Arc<Context>) {
+    let mut backoff = Backoff::for_airflow();
+    let idle = ctx.config.idle_fetch_interval;
+    loop {
+        if ctx.drain.is_cancelled() {
+            return;
+        }
+        if ctx.status.in_maintenance() {
+            tokio::select! {
+                _ = ctx.drain.cancelled() => return,
+                _ = ctx.status_changed.notified() => {}
+            }
+            continue;
+        }
+        // Hold one slot while asking, so that a job that arrives always has room.
+        let first_slot = tokio::select! {
+            _ = ctx.drain.cancelled() => return,
+            permit = ctx.slots.acquire(1) => permit,
+        };
+        let free = ctx.slots.free() + 1;
+        let queues = ctx.status.queues();
+        match ctx
+            .edge
+            .fetch_job(&ctx.config.worker_name, &queues, free)
+            .await
+        {
+            Ok(Some(job)) => {
+                backoff.reset();
+                let mut slots = first_slot;
+                if job.concurrency_slots > 1 {
+                    // Airflow only hands out jobs that fit `free`, so these are available
+                    // unless an admin shrank the worker meanwhile; then the job waits for them.
+                    slots.merge(ctx.slots.acquire(job.concurrency_slots - 1).await);
+                }
+                tracing::info!(task = %job.key(), "job received");
+                ctx.jobs.spawn(task_runner::run(ctx.clone(), job, slots));
+            }
+            Ok(None) => {
+                backoff.reset();
+                drop(first_slot);
+                tokio::select! {
+                    _ = ctx.drain.cancelled() => return,
+                    _ = ctx.slot_freed.notified() => {}
+                    _ = ctx.status_changed.notified() => {}
+                    _ = tokio::time::sleep(idle) => {}
+                }
+            }
+            Err(e) => {
+                drop(first_slot);
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, retry_in = ?delay, "fetching a job failed");
+                tokio::select! {
+                    _ = ctx.drain.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Heartbeats: tell Airflow the worker's state on a fixed cadence and at once when it changes,
+//! and apply what Airflow answers (queues, concurrency, maintenance, shutdown request).
+
+use crate::context::Context;
+use airflow::backoff::Backoff;
+use airflow::edge_types::WorkerState;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Runs until `stop` is cancelled.
+pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
+    let mut interval = tokio::time::interval(ctx.config.heartbeat_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut backoff = Backoff::for_airflow();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = interval.tick() => {}
+            _ = ctx.heartbeat_now.notified() => {}
+            _ = ctx.drain.cancelled(), if !ctx.drain.is_cancelled() => {}
+        }
+        // Retry a failed beat with backoff, but never longer apart than the interval itself.
+        while !beat(&ctx).await {
+            let delay = backoff.next_delay().min(ctx.config.heartbeat_interval);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        backoff.reset();
+    }
+}
+
+/// One heartbeat; `true` when Airflow accepted it.
+async fn beat(ctx: &Context) -> bool {
+    let jobs = ctx.jobs_active();
+    let state = ctx.status.state(jobs, ctx.drain.is_cancelled());
+    // While jobs still run, `offline` would be a lie: the drain reports `terminating`.
+    let body = ctx
+        .status
+        .body(state, jobs, ctx.slots.total(), ctx.slots.free());
+    match ctx.edge.heartbeat(&ctx.config.worker_name, &body).await {
+        Ok(answer) => {
+            ctx.metrics.heartbeat_accepted();
+            let requests = ctx.status.apply(&answer, ctx.slots.total());
+            if let Some(concurrency) = requests.concurrency {
+                ctx.slots.resize(concurrency);
+                ctx.update_slot_metrics();
+                ctx.slot_freed.notify_one();
+            }
+            if requests.maintenance_changed {
+                ctx.status_changed.notify_one();
+            }
+            if requests.shutdown && !ctx.drain.is_cancelled() {
+                tracing::info!("Airflow requested shutdown: draining");
+                ctx.drain.cancel();
+            }
+            true
+        }
+        Err(e) if e.status() == Some(400) => {
+            // Airflow refuses heartbeats from a worker whose versions no longer match (the
+            // server was upgraded under us): stop taking work, let running tasks finish.
+            tracing::error!(error = %e, "Airflow refused the heartbeat (version mismatch?): draining");
+            ctx.drain.cancel();
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "heartbeat failed");
+            false
+        }
+    }
+}
+
+/// The last heartbeat: `offline`, so Airflow frees the name at once instead of waiting for the
+/// heartbeat timeout. A few attempts, then the agent exits anyway.
+pub async fn report_offline(ctx: &Context) {
+    let state = if ctx.status.in_maintenance() {
+        WorkerState::OfflineMaintenance
+    } else {
+        WorkerState::Offline
+    };
+    let body = ctx
+        .status
+        .body(state, 0, ctx.slots.total(), ctx.slots.total());
+    let mut backoff = Backoff::for_airflow();
+    for attempt in 1..=5 {
+        match ctx.edge.heartbeat(&ctx.config.worker_name, &body).await {
+            Ok(_) => {
+                tracing::info!("reported offline to Airflow");
+                return;
+            }
+            Err(e) if attempt < 5 && e.is_retryable() => {
+                tracing::warn!(error = %e, "reporting offline failed; retrying");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not report offline; Airflow will time this worker out");
+                return;
+            }
+        }
+    }
+}

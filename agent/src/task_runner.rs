@@ -1,0 +1,145 @@
+//! Runs one job from start to report: start the task process, report `running`, ship its log
+//! while it runs, report `success` or `failed`, give its slots back.
+
+use crate::context::Context;
+use crate::log_shipper::LogShipper;
+use crate::metrics::TaskResult;
+use crate::reporter::{deliver, Delivery};
+use crate::task_process::Exit;
+use airflow::backoff::Backoff;
+use airflow::edge_types::{EdgeJob, JobState};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::OwnedSemaphorePermit;
+
+/// How often a running task's new log lines are pushed.
+const LOG_PUSH_INTERVAL: Duration = Duration::from_secs(3);
+/// Attempts at the last log push before the final state is reported anyway.
+const FINAL_LOG_ATTEMPTS: u32 = 5;
+/// How much of the supervisor's own output is added to the log of a failed task.
+const FAILURE_OUTPUT_TAIL: u64 = 16 * 1024;
+
+/// Runs `job`, holding `slots` until its final state has been reported.
+pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
+    let key = job.key();
+    let started = Instant::now();
+    ctx.metrics.tasks_started.inc();
+    ctx.update_slot_metrics();
+    ctx.heartbeat_now.notify_one();
+    let log_path = job.log_path().map(|p| ctx.config.log_folder.join(p));
+    let mut shipper = LogShipper::new(log_path);
+
+    let result = match ctx.launcher.spawn(&job.command) {
+        Err(e) => {
+            tracing::error!(task = %key, error = %e, "could not start the task process");
+            shipper.append_note(&format!(
+                "astro-agent on {}: could not start the task process ({} -m airflow.sdk.execution_time.execute_workload): {e}",
+                ctx.config.worker_name,
+                ctx.config.python.display()
+            ));
+            TaskResult::StartFailed
+        }
+        Ok(mut process) => {
+            tracing::info!(task = %key, pid = process.pid(), slots = slots.num_permits(), "task started");
+            let mut report_running = std::pin::pin!(deliver(
+                &ctx.edge,
+                &key,
+                JobState::Running,
+                &ctx.give_up,
+                Backoff::for_airflow()
+            ));
+            let mut running_reported = false;
+            let mut tick = tokio::time::interval(LOG_PUSH_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let exit = {
+                let mut wait = std::pin::pin!(process.wait(&ctx.kill));
+                loop {
+                    tokio::select! {
+                        exit = &mut wait => break exit,
+                        _ = &mut report_running, if !running_reported => running_reported = true,
+                        _ = tick.tick() => {
+                            if let Err(e) = shipper.ship(&ctx.edge, &key).await {
+                                tracing::warn!(task = %key, error = %e, "log push failed; will retry");
+                            }
+                        }
+                    }
+                }
+            };
+            if !running_reported {
+                report_running.await;
+            }
+            let result = match &exit {
+                Ok(Exit::Finished(status)) if status.success() => TaskResult::Success,
+                Ok(Exit::Finished(_)) => TaskResult::Failed,
+                Ok(Exit::Killed(_)) => TaskResult::Killed,
+                Err(_) => TaskResult::Failed,
+            };
+            if result != TaskResult::Success {
+                let how = match &exit {
+                    Ok(Exit::Killed(s)) => format!("was stopped by the agent ({s})"),
+                    Ok(Exit::Finished(s)) => format!("ended with {s}"),
+                    Err(e) => format!("could not be waited for: {e}"),
+                };
+                shipper.append_note(&format!(
+                    "astro-agent on {}: the task process {how}. Supervisor output (last {} KiB):\n{}",
+                    ctx.config.worker_name,
+                    FAILURE_OUTPUT_TAIL / 1024,
+                    process.output_tail(FAILURE_OUTPUT_TAIL)
+                ));
+            }
+            tracing::info!(task = %key, ?exit, "task process ended");
+            result
+        }
+    };
+
+    push_last_logs(&ctx, &mut shipper, &key).await;
+    let final_state = if result == TaskResult::Success {
+        JobState::Success
+    } else {
+        JobState::Failed
+    };
+    ctx.metrics.task_reports_pending.inc();
+    let delivery = deliver(
+        &ctx.edge,
+        &key,
+        final_state,
+        &ctx.give_up,
+        Backoff::for_airflow(),
+    )
+    .await;
+    ctx.metrics.task_reports_pending.dec();
+    if delivery == Delivery::Delivered {
+        tracing::info!(task = %key, state = final_state.as_str(), "job state reported");
+    }
+    ctx.metrics.task_finished(result, started.elapsed());
+    drop(slots);
+    ctx.update_slot_metrics();
+    ctx.slot_freed.notify_one();
+    ctx.heartbeat_now.notify_one();
+}
+
+/// The final push gets a few attempts; after that the state report goes ahead, because a
+/// task left `running` in Airflow is worse than a log with a gap.
+async fn push_last_logs(
+    ctx: &Context,
+    shipper: &mut LogShipper,
+    key: &airflow::edge_types::TaskKey,
+) {
+    let mut backoff = Backoff::for_airflow();
+    for attempt in 1..=FINAL_LOG_ATTEMPTS {
+        match shipper.ship(&ctx.edge, key).await {
+            Ok(()) => return,
+            Err(e) if attempt == FINAL_LOG_ATTEMPTS || !e.is_retryable() => {
+                tracing::error!(task = %key, error = %e, "giving up on the task's last log lines");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(task = %key, error = %e, "final log push failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    _ = ctx.give_up.cancelled() => return,
+                }
+            }
+        }
+    }
+}
