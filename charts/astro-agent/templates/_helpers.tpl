@@ -284,7 +284,7 @@ Every refusal names the key and the fix.
 {{- if not $queues -}}
 {{- fail (printf "workers[%d].queues is empty: give the worker at least one Airflow queue, e.g. queues: [default]" $i) -}}
 {{- end -}}
-{{- $_ := set $w "queueList" $queues -}}
+{{- $_ := set $w "queueList" (uniq $queues) -}}
 
 {{- $slots := int $w.syncSlots -}}
 {{- if lt $slots 1 -}}
