@@ -270,6 +270,29 @@ class AirflowStack:
         self._start_daemon("api-server")
         self._wait_healthy(timeout, need_scheduler=False)
 
+    # ---- test hygiene ----------------------------------------------------------------
+
+    def sql(self, statement: str) -> str:
+        """Run one SQL statement on the metadata database (as superuser, over the unix
+        socket); return psql's unaligned, tuples-only output. For test set-up and
+        clean-up only — workers never get database access."""
+        return self._pg.psql(statement, database=self._pg.database)
+
+    def abandon_run(self, dag_id: str, run_id: str) -> None:
+        """Make an unfinished run harmless for later tests.
+
+        Sets the run to ``failed`` through the REST API (Airflow then marks its queued and
+        scheduled task instances ``skipped``) and deletes its still-``queued`` edge_job rows:
+        Airflow leaves those rows ``queued``, so a worker started later for that queue would
+        otherwise still be handed jobs of skipped task instances.
+        """
+        if self.client.dag_run(dag_id, run_id)["state"] not in ("success", "failed"):
+            self.client.set_run_state(dag_id, run_id, "failed")
+        self.sql(
+            "DELETE FROM edge_job WHERE state = 'queued' "
+            f"AND dag_id = {_sql_literal(dag_id)} AND run_id = {_sql_literal(run_id)}"
+        )
+
     # ---- internals -------------------------------------------------------------------
 
     def _prepare_workdir(self) -> None:
@@ -331,6 +354,25 @@ class AirflowStack:
             return "\n".join(f"== {n} ({d.log_file}):\n{d.tail(25)}" for n, d in self._daemons.items())
 
         wait_for(healthy, timeout, "Airflow health endpoints", interval=0.3, on_timeout=tails)
+        # The Execution API app is built lazily on its first request (~4 s on a busy
+        # 2-core machine); pay that here rather than in the first task's start-up.
+        wait_for(
+            lambda: _get_ok(f"{self.execution_api_url}health", timeout=60),
+            timeout,
+            "the Execution API",
+            on_timeout=tails,
+        )
+
+
+def _get_ok(url: str, timeout: float) -> bool:
+    try:
+        return requests.get(url, timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _sql_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _fernet_key() -> str:

@@ -16,8 +16,9 @@ Fixtures:
   is a logged-in :class:`airflow_client.AirflowClient`.
 * ``trigger_dag``: ``trigger_dag(dag_id) -> run_id`` waits for the DAG to be parsed,
   unpauses it and starts a run with a unique run id. Runs this test started that
-  are still unfinished when it ends are set to ``failed``, so their queued task
-  instances do not leak into the next test's counts.
+  are still unfinished when it ends are abandoned (:meth:`AirflowStack.abandon_run`:
+  run set to ``failed``, its queued edge jobs deleted), so they do not leak into the
+  next test's counts or hand a later worker stale jobs.
 * ``python_edge_worker``: ``python_edge_worker(name=..., queues=[...], concurrency=N)``
   starts the real Python ``airflow edge worker``; every worker started is stopped
   when the test ends.
@@ -39,7 +40,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from airflow_client import AirflowClient, FINISHED_RUN_STATES  # noqa: E402
+from airflow_client import AirflowClient  # noqa: E402
 from airflow_stack import AirflowStack  # noqa: E402
 from python_edge_worker import PythonEdgeWorker  # noqa: E402
 
@@ -81,8 +82,7 @@ def trigger_dag(airflow):
 
     for dag_id, run in started:
         try:
-            if client.dag_run(dag_id, run)["state"] not in FINISHED_RUN_STATES:
-                client.set_run_state(dag_id, run, "failed")
+            airflow.abandon_run(dag_id, run)
         except Exception as e:  # the stack may be half-down after a failure
             print(f"could not clean up {dag_id}/{run}: {e}")
 
