@@ -379,14 +379,11 @@ impl Agent {
     /// GET a path on the agent's admin port; (status, body).
     pub async fn get(&self, path: &str) -> (u16, String) {
         let url = format!("http://{}{path}", self.metrics_addr);
-        match reqwest_get(&url).await {
-            Some(r) => r,
-            None => (0, String::new()),
-        }
+        raw_get(&url).await.unwrap_or_default()
     }
 }
 
-async fn reqwest_get(url: &str) -> Option<(u16, String)> {
+async fn raw_get(url: &str) -> Option<(u16, String)> {
     // A tiny HTTP/1.0 GET over TcpStream keeps the test free of an HTTP client dependency.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://")?;
