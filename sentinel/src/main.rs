@@ -1,1 +1,89 @@
-fn main() {}
+//! astro-sentinel: the backlog service KEDA asks. Exit codes: 0 clean stop on SIGTERM or
+//! SIGINT, 2 invalid configuration (one line naming the field), 1 runtime error.
+
+use astro_sentinel::app::{self, StartError};
+use astro_sentinel::settings::{Flags, Settings};
+use clap::Parser;
+use std::process::ExitCode;
+
+const EXIT_RUNTIME: u8 = 1;
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let flags = match Flags::try_parse() {
+        Ok(flags) => flags,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's message up to its usage section, on one line.
+            let rendered = e.render().to_string();
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!(
+                "astro-sentinel: {}",
+                message.join(" ").trim_start_matches("error: ")
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let settings = match Settings::from_flags(&flags) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("astro-sentinel: invalid configuration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("astro-sentinel: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    runtime.block_on(async {
+        // Install the handlers before anything can take long: a SIGTERM during start-up must
+        // still be a clean stop.
+        let mut signals = match astro_sentinel::shutdown::Signals::install() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("astro-sentinel: cannot install signal handlers: {e}");
+                return ExitCode::from(EXIT_RUNTIME);
+            }
+        };
+        let running = match app::start(settings).await {
+            Ok(r) => r,
+            Err(StartError::Config(e)) => {
+                eprintln!("astro-sentinel: invalid configuration: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            Err(StartError::Runtime(e)) => {
+                tracing::error!(error = %e, "cannot start");
+                return ExitCode::from(EXIT_RUNTIME);
+            }
+        };
+        let name = signals.recv().await;
+        tracing::info!(signal = name, "stopping");
+        running.stop().await;
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}

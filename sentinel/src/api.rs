@@ -1,0 +1,228 @@
+//! What each request gets: routing, auth for `/v1/*`, JSON answers and errors.
+//!
+//! | path                  | auth | answer                                                     |
+//! | --------------------- | ---- | ---------------------------------------------------------- |
+//! | `GET /v1/workers/{n}` | yes  | 200 backlog JSON; 404 unknown; 503 stale / not loaded yet  |
+//! | `GET /v1/workers`     | yes  | 200 `{"workers": [...]}`, each with `available`            |
+//! | `GET /metrics`        | no   | Prometheus text format                                     |
+//! | `GET /healthz`        | no   | 200 while the process serves                               |
+//! | `GET /readyz`         | no   | 200 after the first successful refresh, else 503           |
+//!
+//! Other methods get 405, requests with a body 413; every error body is JSON `{"error": …}`.
+//! KEDA's `metrics-api` scaler sends a bare GET (no `Accept`), so content negotiation is
+//! deliberately absent.
+
+use crate::auth::{Authenticator, Decision};
+use crate::cache::BacklogCache;
+use crate::config::WorkerConfig;
+use crate::metrics::Metrics;
+use crate::readiness::Readiness;
+use crate::worker_view::{worker_answer, WorkerAnswer};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{
+    HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, WWW_AUTHENTICATE,
+};
+use hyper::{Method, Request, Response, StatusCode};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub type Body = Full<Bytes>;
+
+/// Everything a request handler reads.
+pub struct AppState {
+    workers: Vec<WorkerConfig>,
+    index: HashMap<String, usize>,
+    pub cache: Arc<BacklogCache>,
+    pub staleness_limit: Duration,
+    pub auth: Authenticator,
+    pub metrics: Arc<Metrics>,
+    pub readiness: Readiness,
+}
+
+impl AppState {
+    pub fn new(
+        workers: Vec<WorkerConfig>,
+        cache: Arc<BacklogCache>,
+        staleness_limit: Duration,
+        auth: Authenticator,
+        metrics: Arc<Metrics>,
+        readiness: Readiness,
+    ) -> Self {
+        let index = workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.name.clone(), i))
+            .collect();
+        AppState {
+            workers,
+            index,
+            cache,
+            staleness_limit,
+            auth,
+            metrics,
+            readiness,
+        }
+    }
+
+    pub fn workers(&self) -> &[WorkerConfig] {
+        &self.workers
+    }
+}
+
+const JSON: &str = "application/json";
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Answers one request and counts it in `astro_sentinel_http_requests_total`.
+pub async fn handle<B: hyper::body::Body>(state: &AppState, req: Request<B>) -> Response<Body> {
+    let (handler, response) = route(state, &req).await;
+    state
+        .metrics
+        .http_requests
+        .with_label_values(&[handler, response.status().as_str()])
+        .inc();
+    response
+}
+
+async fn route<B: hyper::body::Body>(
+    state: &AppState,
+    req: &Request<B>,
+) -> (&'static str, Response<Body>) {
+    let path = req.uri().path();
+    let handler = match path {
+        "/healthz" => "healthz",
+        "/readyz" => "readyz",
+        "/metrics" => "metrics",
+        "/v1/workers" => "workers",
+        p if p.starts_with("/v1/workers/") => "worker",
+        _ => "other",
+    };
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("method {} not allowed; use GET", req.method()),
+        );
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return (handler, r);
+    }
+    // Every endpoint is a GET: a request that carries a body is refused unread.
+    if req.body().size_hint().upper() != Some(0) {
+        return (
+            handler,
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request bodies are not accepted".into(),
+            ),
+        );
+    }
+    let response = match handler {
+        "healthz" => text(StatusCode::OK, "ok\n"),
+        "readyz" => {
+            if state.readiness.get() {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: no successful refresh yet\n",
+                )
+            }
+        }
+        "metrics" => {
+            let body = state.metrics.render(
+                &state.cache.snapshot(),
+                &state.workers,
+                Instant::now(),
+                state.staleness_limit,
+            );
+            respond(StatusCode::OK, PROMETHEUS_TEXT, body.into())
+        }
+        "workers" | "worker" => {
+            let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+            match state.auth.check(authorization).await {
+                Decision::Allow => {
+                    if handler == "workers" {
+                        list(state)
+                    } else {
+                        one(state, &path["/v1/workers/".len()..])
+                    }
+                }
+                Decision::Unauthorized(message) => {
+                    let mut r = error(StatusCode::UNAUTHORIZED, message);
+                    r.headers_mut().insert(
+                        WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Bearer realm=\"astro-sentinel\""),
+                    );
+                    r
+                }
+                Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
+                Decision::Unavailable(message) => error(StatusCode::SERVICE_UNAVAILABLE, message),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
+    };
+    (handler, response)
+}
+
+fn one(state: &AppState, name: &str) -> Response<Body> {
+    let Some(&i) = state.index.get(name) else {
+        return error(StatusCode::NOT_FOUND, format!("unknown worker {name:?}"));
+    };
+    let snapshot = state.cache.snapshot();
+    match worker_answer(
+        &state.workers[i],
+        &snapshot,
+        Instant::now(),
+        state.staleness_limit,
+    ) {
+        WorkerAnswer::Ready(b) => json(StatusCode::OK, &b),
+        WorkerAnswer::Unavailable(u) => json(StatusCode::SERVICE_UNAVAILABLE, &u),
+    }
+}
+
+fn list(state: &AppState) -> Response<Body> {
+    let snapshot = state.cache.snapshot();
+    let now = Instant::now();
+    let workers: Vec<serde_json::Value> = state
+        .workers
+        .iter()
+        .map(|w| {
+            let (available, mut value) =
+                match worker_answer(w, &snapshot, now, state.staleness_limit) {
+                    WorkerAnswer::Ready(b) => (true, serde_json::to_value(b)),
+                    WorkerAnswer::Unavailable(u) => (false, serde_json::to_value(u)),
+                };
+            let value = value.as_mut().expect("plain structs serialise");
+            value["available"] = available.into();
+            value.take()
+        })
+        .collect();
+    json(StatusCode::OK, &serde_json::json!({ "workers": workers }))
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    let body = serde_json::to_vec(value).expect("plain structs serialise");
+    respond(status, JSON, body.into())
+}
+
+fn error(status: StatusCode, message: String) -> Response<Body> {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+    respond(
+        status,
+        "text/plain; charset=utf-8",
+        Bytes::from_static(body.as_bytes()),
+    )
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}

@@ -1,0 +1,198 @@
+//! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth and
+//! metrics. [`start`] returns a handle that stops everything; tests use [`start_with`] to
+//! plug in their own source and listener.
+
+use crate::airflow_api_source::AirflowApiSource;
+use crate::api::AppState;
+use crate::auth::static_tokens::StaticTokens;
+use crate::auth::token_review::TokenReviewer;
+use crate::auth::Authenticator;
+use crate::backlog_source::BacklogSource;
+use crate::cache::{BacklogCache, Snapshot};
+use crate::config::{Config, ConfigError};
+use crate::metrics::Metrics;
+use crate::postgres_source::PostgresSource;
+use crate::readiness::Readiness;
+use crate::refresh_loop::RefreshLoop;
+use crate::server;
+use crate::settings::{KubernetesAccess, Settings, SourceSettings};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Why the Sentinel could not start: bad configuration (exit 2) or anything else (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// A started Sentinel.
+pub struct Running {
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    pub metrics: Arc<Metrics>,
+    pub readiness: Readiness,
+}
+
+impl Running {
+    /// The address the server listens on (useful with port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, drains in-flight requests, stops the refresh loop.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Builds the configured source and binds `settings.listen`.
+pub async fn start(settings: Settings) -> Result<Running, StartError> {
+    let metrics = Arc::new(Metrics::new());
+    let source = build_source(&settings.source, &metrics)?;
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| StartError::Runtime(format!("cannot listen on {}: {e}", settings.listen)))?;
+    start_with(
+        settings.config,
+        settings.kubernetes,
+        source,
+        metrics,
+        listener,
+    )
+    .await
+}
+
+pub fn build_source(
+    source: &SourceSettings,
+    metrics: &Metrics,
+) -> Result<Arc<dyn BacklogSource>, StartError> {
+    match source {
+        SourceSettings::AirflowApi { url, credentials } => {
+            let requests = metrics
+                .upstream_requests
+                .with_label_values(&["airflow-api"]);
+            let s = AirflowApiSource::new(url, credentials.clone(), requests)
+                .map_err(StartError::Runtime)?;
+            Ok(Arc::new(s))
+        }
+        SourceSettings::Postgres {
+            connection,
+            options,
+        } => {
+            let queries = metrics.upstream_requests.with_label_values(&["postgres"]);
+            let s = PostgresSource::new(connection.clone(), options, queries)
+                .map_err(|e| StartError::Config(ConfigError::new(e)))?;
+            Ok(Arc::new(s))
+        }
+    }
+}
+
+/// Starts the Sentinel on `listener` with `source`.
+pub async fn start_with(
+    config: Config,
+    kubernetes: Option<KubernetesAccess>,
+    source: Arc<dyn BacklogSource>,
+    metrics: Arc<Metrics>,
+    listener: TcpListener,
+) -> Result<Running, StartError> {
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+
+    let auth = if config.auth.disabled {
+        tracing::warn!("auth.disabled is true: /v1/workers answers anyone who can reach it");
+        Authenticator::disabled()
+    } else {
+        let static_tokens = match &config.auth.static_tokens_file {
+            None => None,
+            Some(path) => {
+                let tokens = StaticTokens::load(path).map_err(|e| {
+                    ConfigError::new(format!(
+                        "auth.staticTokensFile: cannot read {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                if tokens.is_empty() {
+                    tracing::warn!(path = %path.display(), "the static tokens file holds no token");
+                }
+                let tokens = Arc::new(tokens);
+                tasks.push(tokio::spawn(tokens.clone().watch(shutdown_rx.clone())));
+                Some(tokens)
+            }
+        };
+        let token_review = match (&config.auth.token_review, &kubernetes) {
+            (Some(tr), Some(access)) => Some(
+                TokenReviewer::new(
+                    access,
+                    &tr.allowed_usernames,
+                    tr.cache_ttl,
+                    metrics.token_reviews.clone(),
+                )
+                .map_err(ConfigError::new)?,
+            ),
+            (Some(_), None) => {
+                return Err(StartError::Config(ConfigError::new(
+                    "--kubernetes-api-url: auth.tokenReview needs access to the Kubernetes API",
+                )))
+            }
+            (None, _) => None,
+        };
+        Authenticator::new(static_tokens, token_review)
+    };
+
+    let queues = config.distinct_queues();
+    let cache = Arc::new(BacklogCache::new(Snapshot::empty(&queues)));
+    let readiness = Readiness::default();
+    tracing::info!(
+        source = source.kind(),
+        workers = config.workers.len(),
+        queues = queues.len(),
+        refresh_interval = %humantime::format_duration(config.refresh_interval),
+        staleness_limit = %humantime::format_duration(config.staleness_limit),
+        "starting"
+    );
+    let refresh = RefreshLoop {
+        source,
+        queues,
+        cache: cache.clone(),
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+        interval: config.refresh_interval,
+        staleness_limit: config.staleness_limit,
+    };
+    tasks.push(tokio::spawn(refresh.run(shutdown_rx.clone())));
+
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::Runtime(format!("listener address: {e}")))?;
+    let state = Arc::new(AppState::new(
+        config.workers,
+        cache,
+        config.staleness_limit,
+        auth,
+        metrics.clone(),
+        readiness.clone(),
+    ));
+    let mut stop = shutdown_rx;
+    tasks.push(tokio::spawn(server::serve(listener, state, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })));
+    tracing::info!(%addr, "listening");
+
+    Ok(Running {
+        addr,
+        shutdown: shutdown_tx,
+        tasks,
+        metrics,
+        readiness,
+    })
+}

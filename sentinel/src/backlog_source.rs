@@ -1,0 +1,21 @@
+//! Where queue depth comes from. A source answers, for a list of queues, the queued and
+//! running task-instance counts of each — or, per queue, why it could not.
+//!
+//! Two implementations: [`crate::airflow_api_source`] (Airflow's REST API, two requests per
+//! queue) and [`crate::postgres_source`] (one `GROUP BY` over the metadata database for all
+//! queues at once). The refresh loop calls [`BacklogSource::fetch`] once per interval with
+//! every distinct queue, however many workers share a queue and however often KEDA asks.
+
+use airflow::rest_api::QueueCounts;
+use futures_util::future::BoxFuture;
+
+/// The outcome for one queue: its counts, or a one-line reason (never containing secrets).
+pub type QueueOutcome = Result<QueueCounts, String>;
+
+pub trait BacklogSource: Send + Sync + 'static {
+    /// `airflow-api` or `postgres` (the `source` label of the upstream metrics).
+    fn kind(&self) -> &'static str;
+
+    /// One outcome for every queue in `queues`, in any order.
+    fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>>;
+}

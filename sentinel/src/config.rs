@@ -1,0 +1,625 @@
+//! The configuration file (YAML, camelCase keys, unknown keys rejected) and its validation.
+//!
+//! Parsing happens in two steps so that every error is one line naming what is wrong: the file
+//! is first read into raw structs that mirror its shape, then [`validate`] turns them into a
+//! [`Config`] whose values are known to be usable. Workers are parsed one by one so that even
+//! a typo in a key can name the worker it sits in.
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use url::Url;
+
+/// A configuration problem, described in one line that names the worker and/or field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ConfigError {
+    pub fn new(message: impl Into<String>) -> Self {
+        // One line, whatever the underlying parser produced.
+        let message: String = message.into();
+        ConfigError(message.split_whitespace().collect::<Vec<_>>().join(" "))
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How often each queue is counted upstream.
+    pub refresh_interval: Duration,
+    /// A queue value older than this is not served (its workers answer 503).
+    pub staleness_limit: Duration,
+    pub source: SourceConfig,
+    pub auth: AuthConfig,
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// Where backlog counts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceConfig {
+    /// Airflow's public REST API v2 at this base URL (`http://host:port`).
+    AirflowApi { url: Url },
+    /// The Airflow metadata database (the URL with credentials comes from the environment).
+    Postgres(PostgresOptions),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    pub ssl_mode: SslMode,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// libpq's `sslmode` values, with libpq's meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// `true` only when the file says `disabled: true`.
+    pub disabled: bool,
+    pub static_tokens_file: Option<PathBuf>,
+    pub token_review: Option<TokenReviewConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenReviewConfig {
+    pub allowed_usernames: Vec<String>,
+    pub cache_ttl: Duration,
+}
+
+/// One worker Deployment and the queues it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub name: String,
+    pub queues: Vec<String>,
+    pub sync_slots: u32,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+}
+
+pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_STALENESS_LIMIT: Duration = Duration::from_secs(30);
+pub const DEFAULT_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
+/// KEDA's bound tokens live one hour; a cached verdict must end well before the token does.
+pub const MAX_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(600);
+pub const DEFAULT_SYNC_SLOTS: u32 = 16;
+pub const DEFAULT_MIN_REPLICAS: u32 = 0;
+pub const DEFAULT_MAX_REPLICAS: u32 = 10;
+
+// ---- the file's shape ---------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default, deserialize_with = "duration")]
+    refresh_interval: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    staleness_limit: Option<Duration>,
+    source: Option<RawSource>,
+    #[serde(default)]
+    auth: Option<RawAuth>,
+    /// Kept as raw values so each worker is parsed on its own (see the module doc).
+    #[serde(default)]
+    workers: Option<Vec<serde_yaml::Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawSource {
+    #[serde(rename = "type")]
+    kind: Option<SourceKind>,
+    airflow_api: Option<RawAirflowApi>,
+    postgres: Option<RawPostgres>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "kebab-case")]
+enum SourceKind {
+    AirflowApi,
+    Postgres,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawAirflowApi {
+    url: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawPostgres {
+    ssl_mode: Option<SslMode>,
+    ca_file: Option<PathBuf>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawAuth {
+    #[serde(default)]
+    disabled: bool,
+    static_tokens_file: Option<PathBuf>,
+    token_review: Option<RawTokenReview>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawTokenReview {
+    #[serde(default)]
+    allowed_usernames: Vec<String>,
+    #[serde(default, deserialize_with = "duration")]
+    cache_ttl: Option<Duration>,
+}
+
+// ---- loading ------------------------------------------------------------------------------
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(format!("--config {}: {e}", path.display())))?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates YAML text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        validate(raw)
+    }
+
+    /// Every queue any worker serves, each once, in first-seen order.
+    pub fn distinct_queues(&self) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        self.workers
+            .iter()
+            .flat_map(|w| w.queues.iter())
+            .filter(|q| seen.insert(q.as_str()))
+            .cloned()
+            .collect()
+    }
+}
+
+fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let refresh_interval = raw.refresh_interval.unwrap_or(DEFAULT_REFRESH_INTERVAL);
+    if refresh_interval.is_zero() {
+        return Err(ConfigError::new("refreshInterval: must be longer than 0"));
+    }
+    let staleness_limit = raw.staleness_limit.unwrap_or(DEFAULT_STALENESS_LIMIT);
+    if staleness_limit < refresh_interval {
+        return Err(ConfigError::new(format!(
+            "stalenessLimit: must be at least refreshInterval ({}), got {}",
+            humantime::format_duration(refresh_interval),
+            humantime::format_duration(staleness_limit)
+        )));
+    }
+    let source = validate_source(raw.source)?;
+    let auth = validate_auth(raw.auth.unwrap_or_default())?;
+
+    let mut workers = Vec::new();
+    let mut first_index: HashMap<String, usize> = HashMap::new();
+    for (index, value) in raw.workers.unwrap_or_default().into_iter().enumerate() {
+        let worker = validate_worker(index, value)?;
+        if let Some(first) = first_index.get(&worker.name) {
+            return Err(ConfigError::new(format!(
+                "worker \"{}\": name: duplicate (workers[{first}] and workers[{index}] have the same name)",
+                worker.name
+            )));
+        }
+        first_index.insert(worker.name.clone(), index);
+        workers.push(worker);
+    }
+
+    Ok(Config {
+        refresh_interval,
+        staleness_limit,
+        source,
+        auth,
+        workers,
+    })
+}
+
+fn validate_source(raw: Option<RawSource>) -> Result<SourceConfig, ConfigError> {
+    let raw = raw.ok_or_else(|| ConfigError::new("source: missing (set source.type)"))?;
+    let kind = raw
+        .kind
+        .ok_or_else(|| ConfigError::new("source.type: missing (one of airflow-api, postgres)"))?;
+    // The section of the other source may be present (a chart can render both); only the
+    // one named by `type` is used.
+    match kind {
+        SourceKind::AirflowApi => {
+            let url = raw
+                .airflow_api
+                .and_then(|a| a.url)
+                .ok_or_else(|| ConfigError::new("source.airflowApi.url: missing"))?;
+            let parsed = Url::parse(&url).map_err(|e| {
+                ConfigError::new(format!("source.airflowApi.url: invalid URL {url:?}: {e}"))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(ConfigError::new(format!(
+                    "source.airflowApi.url: must start with http:// or https://, got {url:?}"
+                )));
+            }
+            Ok(SourceConfig::AirflowApi { url: parsed })
+        }
+        SourceKind::Postgres => {
+            let pg = raw.postgres.unwrap_or_default();
+            Ok(SourceConfig::Postgres(PostgresOptions {
+                ssl_mode: pg.ssl_mode.unwrap_or(SslMode::Prefer),
+                ca_file: pg.ca_file,
+            }))
+        }
+    }
+}
+
+fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
+    let token_review = match raw.token_review {
+        None => None,
+        Some(tr) => {
+            if tr.allowed_usernames.is_empty() {
+                return Err(ConfigError::new(
+                    "auth.tokenReview.allowedUsernames: must list at least one username",
+                ));
+            }
+            if let Some(bad) = tr.allowed_usernames.iter().find(|u| u.trim().is_empty()) {
+                return Err(ConfigError::new(format!(
+                    "auth.tokenReview.allowedUsernames: empty username {bad:?}"
+                )));
+            }
+            let cache_ttl = tr.cache_ttl.unwrap_or(DEFAULT_TOKEN_REVIEW_CACHE_TTL);
+            if cache_ttl.is_zero() || cache_ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
+                return Err(ConfigError::new(format!(
+                    "auth.tokenReview.cacheTtl: must be between 1s and {}, got {}",
+                    humantime::format_duration(MAX_TOKEN_REVIEW_CACHE_TTL),
+                    humantime::format_duration(cache_ttl)
+                )));
+            }
+            Some(TokenReviewConfig {
+                allowed_usernames: tr.allowed_usernames,
+                cache_ttl,
+            })
+        }
+    };
+    if !raw.disabled && raw.static_tokens_file.is_none() && token_review.is_none() {
+        return Err(ConfigError::new(
+            "auth: no method configured: set auth.staticTokensFile and/or auth.tokenReview, \
+             or auth.disabled: true to serve /v1 without authentication",
+        ));
+    }
+    Ok(AuthConfig {
+        disabled: raw.disabled,
+        static_tokens_file: raw.static_tokens_file,
+        token_review,
+    })
+}
+
+/// The keys a worker entry may have.
+const WORKER_FIELDS: [&str; 5] = ["name", "queues", "syncSlots", "minReplicas", "maxReplicas"];
+
+/// Parses one worker entry field by field, so that every message names the field.
+fn validate_worker(index: usize, value: serde_yaml::Value) -> Result<WorkerConfig, ConfigError> {
+    // Name the worker in every message, even when the rest of the entry does not parse.
+    let label = match value.get("name").and_then(|n| n.as_str()) {
+        Some(name) => format!("worker \"{name}\""),
+        None => format!("workers[{index}]"),
+    };
+    let fail = |what: String| ConfigError::new(format!("{label}: {what}"));
+    let serde_yaml::Value::Mapping(map) = value else {
+        return Err(fail(format!(
+            "must be a mapping with the keys {}",
+            WORKER_FIELDS.join(", ")
+        )));
+    };
+    let mut fields: HashMap<&'static str, serde_yaml::Value> = HashMap::new();
+    for (key, value) in map {
+        let key_text = match &key {
+            serde_yaml::Value::String(k) => k.clone(),
+            other => serde_yaml::to_string(other).unwrap_or_default(),
+        };
+        let Some(known) = WORKER_FIELDS.iter().find(|f| **f == key_text) else {
+            return Err(fail(format!(
+                "unknown field `{}`, expected one of {}",
+                key_text.trim(),
+                WORKER_FIELDS.join(", ")
+            )));
+        };
+        fields.insert(known, value);
+    }
+    fn field<T: serde::de::DeserializeOwned>(
+        fields: &mut HashMap<&'static str, serde_yaml::Value>,
+        key: &'static str,
+        fail: &dyn Fn(String) -> ConfigError,
+    ) -> Result<Option<T>, ConfigError> {
+        match fields.remove(key) {
+            None | Some(serde_yaml::Value::Null) => Ok(None),
+            Some(v) => serde_yaml::from_value(v)
+                .map(Some)
+                .map_err(|e| fail(format!("{key}: {e}"))),
+        }
+    }
+
+    let name: String =
+        field(&mut fields, "name", &fail)?.ok_or_else(|| fail("name: missing".into()))?;
+    if !is_object_name(&name) {
+        return Err(fail(format!(
+            "name: {name:?} is not a Kubernetes object name (lowercase letters, digits, '-', '.', at most 253)"
+        )));
+    }
+    let queues: Vec<String> = match field::<QueueList>(&mut fields, "queues", &fail)? {
+        Some(QueueList(q)) => q,
+        None => Vec::new(),
+    };
+    if queues.is_empty() {
+        return Err(fail("queues: must list at least one queue".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for queue in &queues {
+        if queue.is_empty() {
+            return Err(fail("queues: empty queue name".into()));
+        }
+        if !seen.insert(queue) {
+            return Err(fail(format!("queues: {queue:?} is listed twice")));
+        }
+    }
+    let sync_slots = field(&mut fields, "syncSlots", &fail)?.unwrap_or(DEFAULT_SYNC_SLOTS);
+    if sync_slots < 1 {
+        return Err(fail(format!(
+            "syncSlots: must be at least 1, got {sync_slots}"
+        )));
+    }
+    let min_replicas = field(&mut fields, "minReplicas", &fail)?.unwrap_or(DEFAULT_MIN_REPLICAS);
+    let max_replicas = field(&mut fields, "maxReplicas", &fail)?.unwrap_or(DEFAULT_MAX_REPLICAS);
+    if min_replicas > max_replicas {
+        return Err(fail(format!(
+            "minReplicas: {min_replicas} is greater than maxReplicas {max_replicas}"
+        )));
+    }
+    Ok(WorkerConfig {
+        name,
+        queues,
+        sync_slots,
+        min_replicas,
+        max_replicas,
+    })
+}
+
+/// A DNS-1123 subdomain: what Kubernetes accepts as a Deployment name. Such a name is also
+/// safe as a URL path segment, which is how KEDA asks for it.
+fn is_object_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 253
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'.')
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+// ---- field formats ------------------------------------------------------------------------
+
+/// A humantime duration string such as `2s`, `500ms` or `1m30s`.
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    struct V;
+    impl Visitor<'_> for V {
+        type Value = Option<Duration>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a duration such as 2s, 500ms or 1m")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            humantime::parse_duration(s.trim())
+                .map(Some)
+                .map_err(|e| E::custom(format!("invalid duration {s:?}: {e}")))
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// A list of queue names; a comma-separated string is accepted too (the agent's `--queues`
+/// form), so a chart can pass the same value to both.
+struct QueueList(Vec<String>);
+
+impl<'de> Deserialize<'de> for QueueList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = QueueList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of queue names")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(QueueList(
+                    s.split(',').map(|q| q.trim().to_string()).collect(),
+                ))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(q) = seq.next_element::<String>()? {
+                    out.push(q.trim().to_string());
+                }
+                Ok(QueueList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "
+source:
+  type: airflow-api
+  airflowApi:
+    url: http://airflow:8080
+auth:
+  staticTokensFile: /tokens
+";
+
+    fn with_workers(workers: &str) -> Result<Config, ConfigError> {
+        Config::parse(&format!("{BASE}workers:\n{workers}"))
+    }
+
+    #[test]
+    fn the_documented_example_parses_with_defaults() {
+        let c = Config::parse(
+            "
+refreshInterval: 2s
+stalenessLimit: 30s
+source:
+  type: airflow-api
+  airflowApi:
+    url: http://airflow-api-server:8080
+  postgres:
+    sslMode: prefer
+    caFile: /path/ca.crt
+auth:
+  disabled: false
+  staticTokensFile: /etc/astro-sentinel/tokens/tokens
+  tokenReview:
+    allowedUsernames: [\"system:serviceaccount:keda:astro-agent-keda\"]
+    cacheTtl: 60s
+workers:
+  - name: astro-worker-default
+    queues: [\"default\"]
+    syncSlots: 16
+    minReplicas: 0
+    maxReplicas: 10
+  - name: astro-worker-etl
+    queues: \"etl, heavy\"
+",
+        )
+        .unwrap();
+        assert_eq!(c.refresh_interval, Duration::from_secs(2));
+        assert_eq!(c.staleness_limit, Duration::from_secs(30));
+        assert!(matches!(c.source, SourceConfig::AirflowApi { .. }));
+        assert_eq!(c.workers.len(), 2);
+        assert_eq!(c.workers[1].queues, vec!["etl", "heavy"]);
+        assert_eq!(c.workers[1].sync_slots, DEFAULT_SYNC_SLOTS);
+        assert_eq!(c.workers[1].max_replicas, DEFAULT_MAX_REPLICAS);
+        let tr = c.auth.token_review.unwrap();
+        assert_eq!(tr.cache_ttl, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = with_workers("  - {name: w, queues: [a]}\n").unwrap();
+        assert_eq!(c.refresh_interval, DEFAULT_REFRESH_INTERVAL);
+        assert_eq!(c.staleness_limit, DEFAULT_STALENESS_LIMIT);
+    }
+
+    #[test]
+    fn distinct_queues_lists_each_queue_once() {
+        let c = with_workers(
+            "  - {name: a, queues: [q1, q2]}\n  - {name: b, queues: [q2, q3]}\n  - {name: c, queues: [q1]}\n",
+        )
+        .unwrap();
+        assert_eq!(c.distinct_queues(), vec!["q1", "q2", "q3"]);
+    }
+
+    fn err(workers: &str) -> String {
+        let e = with_workers(workers).unwrap_err().0;
+        assert!(!e.contains('\n'), "not one line: {e}");
+        e
+    }
+
+    #[test]
+    fn worker_errors_name_worker_and_field() {
+        let e = err("  - {name: w1, queues: [a], syncSlots: 0}\n");
+        assert!(
+            e.contains("worker \"w1\"") && e.contains("syncSlots"),
+            "{e}"
+        );
+        let e = err("  - {name: w2, queues: []}\n");
+        assert!(e.contains("worker \"w2\"") && e.contains("queues"), "{e}");
+        let e = err("  - {name: w3}\n");
+        assert!(e.contains("worker \"w3\"") && e.contains("queues"), "{e}");
+        let e = err("  - {name: w4, queues: [a], minReplicas: 3, maxReplicas: 2}\n");
+        assert!(
+            e.contains("worker \"w4\"") && e.contains("minReplicas"),
+            "{e}"
+        );
+        let e = err("  - {name: w5, queues: [a], queus: [b]}\n");
+        assert!(e.contains("worker \"w5\"") && e.contains("queus"), "{e}");
+        let e = err("  - {name: w6, queues: [a]}\n  - {name: w6, queues: [b]}\n");
+        assert!(
+            e.contains("worker \"w6\"") && e.contains("duplicate"),
+            "{e}"
+        );
+        let e = err("  - {name: w7, queues: [a, a]}\n");
+        assert!(e.contains("worker \"w7\"") && e.contains("queues"), "{e}");
+        let e = err("  - {name: W_8, queues: [a]}\n");
+        assert!(e.contains("W_8") && e.contains("name"), "{e}");
+        let e = err("  - {queues: [a]}\n");
+        assert!(e.contains("workers[0]") && e.contains("name"), "{e}");
+        let e = err("  - {name: w9, queues: [a], syncSlots: -1}\n");
+        assert!(
+            e.contains("worker \"w9\"") && e.contains("syncSlots"),
+            "{e}"
+        );
+        let e = err("  - {name: w10, queues: [a], maxReplicas: many}\n");
+        assert!(
+            e.contains("worker \"w10\"") && e.contains("maxReplicas"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn top_level_errors_name_the_field() {
+        let e = Config::parse(&format!("{BASE}refreshInteval: 2s\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("refreshInteval"), "{e}");
+        let e = Config::parse(&format!("{BASE}refreshInterval: soon\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("refreshInterval") || e.contains("soon"), "{e}");
+        let e = Config::parse(&format!("{BASE}stalenessLimit: 1s\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("stalenessLimit"), "{e}");
+        let e = Config::parse("source: {type: mysql}\nauth: {disabled: true}\n")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("mysql"), "{e}");
+        let e = Config::parse("source: {type: airflow-api}\nauth: {disabled: true}\n")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("source.airflowApi.url"), "{e}");
+        let e = Config::parse("source: {type: postgres}\n").unwrap_err().0;
+        assert!(e.starts_with("auth"), "{e}");
+        let e = Config::parse(
+            "source: {type: postgres}\nauth: {tokenReview: {allowedUsernames: []}}\n",
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.contains("allowedUsernames"), "{e}");
+    }
+
+    #[test]
+    fn auth_off_only_when_explicit() {
+        let c = Config::parse("source: {type: postgres}\nauth: {disabled: true}\n").unwrap();
+        assert!(c.auth.disabled);
+        assert_eq!(
+            c.source,
+            SourceConfig::Postgres(PostgresOptions {
+                ssl_mode: SslMode::Prefer,
+                ca_file: None
+            })
+        );
+    }
+}

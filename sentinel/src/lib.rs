@@ -1,0 +1,25 @@
+//! astro-sentinel: serves each Airflow worker Deployment's backlog to KEDA's `metrics-api`
+//! scaler, so that KEDA can wake a Deployment that sits at zero replicas.
+//!
+//! Data flows one way: a [`backlog_source`] is read by the [`refresh_loop`] once per interval
+//! for every distinct queue; results land in the [`cache`]; requests ([`server`] → [`api`],
+//! guarded by [`auth`]) compute each worker's answer from the cache ([`worker_view`]) and
+//! never reach Airflow. A worker whose data is missing or older than the staleness limit
+//! answers 503 — never a made-up 0.
+
+pub mod airflow_api_source;
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod backlog_source;
+pub mod cache;
+pub mod config;
+pub mod metrics;
+pub mod postgres_source;
+pub mod postgres_tls;
+pub mod readiness;
+pub mod refresh_loop;
+pub mod server;
+pub mod settings;
+pub mod shutdown;
+pub mod worker_view;

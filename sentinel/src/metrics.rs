@@ -1,0 +1,224 @@
+//! The Sentinel's own Prometheus metrics, all named `astro_sentinel_*`.
+//!
+//! Counters and the refresh histogram are updated where things happen. The per-worker and
+//! per-queue gauges are computed from the cache when `/metrics` is scraped, so ages are exact
+//! and a worker without fresh data has no backlog series at all (absent, not 0).
+
+use crate::cache::Snapshot;
+use crate::config::WorkerConfig;
+use crate::worker_view::{worker_answer, WorkerAnswer};
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub struct Metrics {
+    registry: Registry,
+    pub refreshes: IntCounter,
+    pub refresh_duration: Histogram,
+    pub queue_refresh_failures: IntCounterVec,
+    pub upstream_requests: IntCounterVec,
+    pub http_requests: IntCounterVec,
+    pub token_reviews: IntCounterVec,
+    ready: IntGauge,
+    queue_task_instances: IntGaugeVec,
+    queue_data_age: GaugeVec,
+    worker_backlog: IntGaugeVec,
+    worker_desired_replicas: IntGaugeVec,
+    worker_available: IntGaugeVec,
+    /// Serialises scrapes: the gauges are reset and refilled for each one.
+    scrape: Mutex<()>,
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "astro_sentinel_build_info",
+                "Always 1; the label carries the Sentinel's version.",
+            ),
+            &["version"],
+        )
+        .expect("valid metric");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        r.register(Box::new(build_info)).expect("unique metric");
+
+        let ready = IntGauge::new(
+            "astro_sentinel_ready",
+            "1 once the first refresh has read at least one queue.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(ready.clone())).expect("unique metric");
+
+        let refreshes = IntCounter::new(
+            "astro_sentinel_refreshes_total",
+            "Refresh cycles run (each reads every configured queue once).",
+        )
+        .expect("valid metric");
+        r.register(Box::new(refreshes.clone()))
+            .expect("unique metric");
+
+        let refresh_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "astro_sentinel_refresh_duration_seconds",
+                "Time one refresh cycle took to read all queues from the source.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+        )
+        .expect("valid metric");
+        r.register(Box::new(refresh_duration.clone()))
+            .expect("unique metric");
+
+        let queue_data_age = GaugeVec::new(
+            Opts::new(
+                "astro_sentinel_queue_data_age_seconds",
+                "Age of the last value read for the queue (absent until the first read).",
+            ),
+            &["queue"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(queue_data_age.clone()))
+            .expect("unique metric");
+
+        Metrics {
+            refreshes,
+            refresh_duration,
+            queue_refresh_failures: counter_vec(
+                &r,
+                "astro_sentinel_queue_refresh_failures_total",
+                "Refreshes of the queue that failed (its last value is kept until it is stale).",
+                &["queue"],
+            ),
+            upstream_requests: counter_vec(
+                &r,
+                "astro_sentinel_upstream_requests_total",
+                "Requests (airflow-api) or queries (postgres) sent to the backlog source.",
+                &["source"],
+            ),
+            http_requests: counter_vec(
+                &r,
+                "astro_sentinel_http_requests_total",
+                "HTTP requests answered, by handler and status code.",
+                &["handler", "code"],
+            ),
+            token_reviews: counter_vec(
+                &r,
+                "astro_sentinel_token_reviews_total",
+                "TokenReview calls to the Kubernetes API server, by outcome (cache hits excluded).",
+                &["outcome"],
+            ),
+            ready,
+            queue_task_instances: gauge_vec(
+                &r,
+                "astro_sentinel_queue_task_instances",
+                "Task instances on the queue in the state, as last read.",
+                &["queue", "state"],
+            ),
+            queue_data_age,
+            worker_backlog: gauge_vec(
+                &r,
+                "astro_sentinel_worker_backlog",
+                "Queued plus running task instances over the worker's queues (absent when not fresh).",
+                &["worker"],
+            ),
+            worker_desired_replicas: gauge_vec(
+                &r,
+                "astro_sentinel_worker_desired_replicas",
+                "ceil(backlog / syncSlots) held between minReplicas and maxReplicas (absent when not fresh).",
+                &["worker"],
+            ),
+            worker_available: gauge_vec(
+                &r,
+                "astro_sentinel_worker_available",
+                "1 when the worker's backlog is fresh and served, 0 when it answers 503.",
+                &["worker"],
+            ),
+            registry: r,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// The text exposition of every metric, with gauges computed from `snapshot` at `now`.
+    pub fn render(
+        &self,
+        snapshot: &Snapshot,
+        workers: &[WorkerConfig],
+        now: Instant,
+        staleness_limit: Duration,
+    ) -> String {
+        let _guard = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.queue_task_instances.reset();
+        self.queue_data_age.reset();
+        for (queue, entry) in snapshot.queues() {
+            if let Some(reading) = entry.last {
+                let q = queue.as_str();
+                self.queue_task_instances
+                    .with_label_values(&[q, "queued"])
+                    .set(saturating_i64(reading.counts.queued));
+                self.queue_task_instances
+                    .with_label_values(&[q, "running"])
+                    .set(saturating_i64(reading.counts.running));
+                self.queue_data_age
+                    .with_label_values(&[q])
+                    .set(now.saturating_duration_since(reading.at).as_secs_f64());
+            }
+        }
+        self.worker_backlog.reset();
+        self.worker_desired_replicas.reset();
+        for worker in workers {
+            let name = worker.name.as_str();
+            match worker_answer(worker, snapshot, now, staleness_limit) {
+                WorkerAnswer::Ready(b) => {
+                    self.worker_available.with_label_values(&[name]).set(1);
+                    self.worker_backlog
+                        .with_label_values(&[name])
+                        .set(saturating_i64(b.backlog));
+                    self.worker_desired_replicas
+                        .with_label_values(&[name])
+                        .set(i64::from(b.desired_replicas));
+                }
+                WorkerAnswer::Unavailable(_) => {
+                    self.worker_available.with_label_values(&[name]).set(0);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(16 * 1024);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn saturating_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,178 @@
+//! Backlog from the Airflow metadata database: one `GROUP BY queue, state` over
+//! `task_instance` per refresh, for all queues at once — the cheap path at scale.
+//!
+//! Give the Sentinel a read-only role (`GRANT SELECT ON task_instance`). The connection is
+//! opened lazily and reopened on the next refresh after any failure; the statement is
+//! prepared once per connection, so each refresh is a single round trip.
+
+use crate::backlog_source::{BacklogSource, QueueOutcome};
+use crate::config::PostgresOptions;
+use crate::postgres_tls::{postgres_tls, PostgresTls};
+use airflow::rest_api::QueueCounts;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use prometheus::IntCounter;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, Statement};
+
+/// Counts of the states that make up a backlog, for the given queues only. Queues with no
+/// such task instance return no row: their counts are a true 0.
+const BACKLOG_SQL: &str = "SELECT queue, state, count(*) \
+     FROM task_instance \
+     WHERE state IN ('queued', 'running') AND queue = ANY($1::text[]) \
+     GROUP BY queue, state";
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A query that takes longer is abandoned and its connection dropped (the next refresh
+/// reconnects): a wedged connection must not hold every queue's value back.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct PostgresSource {
+    config: tokio_postgres::Config,
+    tls: PostgresTls,
+    connection: Mutex<Option<Connection>>,
+    /// Counts every query sent (the backlog query; connection set-up is not counted).
+    queries: IntCounter,
+}
+
+struct Connection {
+    client: Client,
+    statement: Statement,
+}
+
+impl PostgresSource {
+    pub fn new(
+        mut config: tokio_postgres::Config,
+        options: &PostgresOptions,
+        queries: IntCounter,
+    ) -> Result<Self, String> {
+        let tls = postgres_tls(options)?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("astro-sentinel");
+        }
+        config.keepalives(true);
+        if let PostgresTls::Rustls { mode, .. } = &tls {
+            config.ssl_mode(*mode);
+        } else {
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        }
+        Ok(PostgresSource {
+            config,
+            tls,
+            connection: Mutex::new(None),
+            queries,
+        })
+    }
+
+    async fn connect(&self) -> Result<Connection, String> {
+        let client = match &self.tls {
+            PostgresTls::Plain => {
+                let (client, conn) = self
+                    .config
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map_err(describe)?;
+                tokio::spawn(drive(conn));
+                client
+            }
+            PostgresTls::Rustls { connector, .. } => {
+                let (client, conn) = self
+                    .config
+                    .connect(connector.clone())
+                    .await
+                    .map_err(describe)?;
+                tokio::spawn(drive(conn));
+                client
+            }
+        };
+        let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
+        tracing::info!("connected to the Airflow metadata database");
+        Ok(Connection { client, statement })
+    }
+
+    async fn counts(&self, queues: &[String]) -> Result<HashMap<String, QueueCounts>, String> {
+        let mut guard = self.connection.lock().await;
+        if guard.as_ref().is_none_or(|c| c.client.is_closed()) {
+            *guard = None;
+            *guard = Some(self.connect().await?);
+        }
+        let conn = guard.as_ref().expect("connected above");
+        self.queries.inc();
+        let rows = match tokio::time::timeout(
+            QUERY_TIMEOUT,
+            conn.client.query(&conn.statement, &[&queues]),
+        )
+        .await
+        {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                *guard = None;
+                return Err(describe(e));
+            }
+            Err(_) => {
+                *guard = None;
+                return Err(format!(
+                    "backlog query took longer than {}",
+                    humantime::format_duration(QUERY_TIMEOUT)
+                ));
+            }
+        };
+        let mut counts: HashMap<String, QueueCounts> = HashMap::new();
+        for row in rows {
+            let queue: String = row.try_get(0).map_err(describe)?;
+            let state: String = row.try_get(1).map_err(describe)?;
+            let n: i64 = row.try_get(2).map_err(describe)?;
+            let entry = counts.entry(queue).or_default();
+            let n = u64::try_from(n).unwrap_or(0);
+            match state.as_str() {
+                "queued" => entry.queued = n,
+                "running" => entry.running = n,
+                _ => {}
+            }
+        }
+        Ok(counts)
+    }
+}
+
+impl BacklogSource for PostgresSource {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {
+        async move {
+            match self.counts(queues).await {
+                Ok(mut counts) => queues
+                    .iter()
+                    .map(|q| (q.clone(), Ok(counts.remove(q).unwrap_or_default())))
+                    .collect(),
+                // One query for all queues: when it fails, every queue failed.
+                Err(e) => queues.iter().map(|q| (q.clone(), Err(e.clone()))).collect(),
+            }
+        }
+        .boxed()
+    }
+}
+
+async fn drive<C>(connection: C)
+where
+    C: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
+{
+    if let Err(e) = connection.await {
+        tracing::warn!(error = %describe(e), "metadata database connection closed");
+    }
+}
+
+/// tokio-postgres' message plus its cause (its Display alone can be just "db error").
+fn describe(e: tokio_postgres::Error) -> String {
+    use std::error::Error;
+    match e.source() {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}

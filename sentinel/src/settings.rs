@@ -1,0 +1,279 @@
+//! Command-line flags (each also read from `ASTRO_SENTINEL_<FLAG>`), combined with the
+//! configuration file into the [`Settings`] the Sentinel runs with.
+//!
+//! Secrets never come from the YAML file: the Airflow token or password and the Postgres URL
+//! are read from the environment (or the equivalent flags), and Kubernetes credentials from the
+//! service-account files.
+
+use crate::config::{Config, ConfigError, PostgresOptions, SourceConfig};
+use airflow::rest_api::RestCredentials;
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use url::Url;
+
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:39092";
+/// Where Kubernetes mounts a pod's service-account token and the cluster CA.
+pub const DEFAULT_KUBERNETES_TOKEN_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub const DEFAULT_KUBERNETES_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "astro-sentinel",
+    version,
+    about = "Serves each Airflow worker Deployment's backlog to KEDA's metrics-api scaler."
+)]
+pub struct Flags {
+    /// The configuration file (YAML: workers, source, auth, intervals)
+    #[arg(long, env = "ASTRO_SENTINEL_CONFIG", value_name = "PATH")]
+    pub config: PathBuf,
+
+    /// Address of the one HTTP port (/v1/workers, /metrics, /healthz, /readyz)
+    #[arg(long, env = "ASTRO_SENTINEL_LISTEN", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    pub listen: String,
+
+    /// Bearer token for Airflow's REST API (source airflow-api)
+    #[arg(
+        long,
+        env = "ASTRO_SENTINEL_AIRFLOW_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub airflow_token: Option<String>,
+
+    /// Airflow user that logs in at /auth/token (source airflow-api), with the password below
+    #[arg(long, env = "ASTRO_SENTINEL_AIRFLOW_USERNAME", value_name = "USER")]
+    pub airflow_username: Option<String>,
+
+    /// Password of --airflow-username
+    #[arg(
+        long,
+        env = "ASTRO_SENTINEL_AIRFLOW_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
+    pub airflow_password: Option<String>,
+
+    /// postgres://user:password@host:port/db of the Airflow metadata database (source postgres)
+    #[arg(
+        long,
+        env = "ASTRO_SENTINEL_POSTGRES_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub postgres_url: Option<String>,
+
+    /// Kubernetes API server for TokenReview [default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT]
+    #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_API_URL", value_name = "URL")]
+    pub kubernetes_api_url: Option<String>,
+
+    /// The Sentinel's own service-account token, re-read for every TokenReview (it rotates)
+    #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_TOKEN_FILE", value_name = "PATH",
+          default_value = DEFAULT_KUBERNETES_TOKEN_FILE)]
+    pub kubernetes_token_file: PathBuf,
+
+    /// CA bundle that signs the API server's certificate (used for https URLs)
+    #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_CA_FILE", value_name = "PATH",
+          default_value = DEFAULT_KUBERNETES_CA_FILE)]
+    pub kubernetes_ca_file: PathBuf,
+}
+
+/// Everything the Sentinel needs, validated.
+#[derive(Debug)]
+pub struct Settings {
+    pub config: Config,
+    pub listen: SocketAddr,
+    pub source: SourceSettings,
+    /// Set when `auth.tokenReview` is configured.
+    pub kubernetes: Option<KubernetesAccess>,
+}
+
+/// The configured source together with its credentials.
+pub enum SourceSettings {
+    AirflowApi {
+        url: Url,
+        credentials: RestCredentials,
+    },
+    Postgres {
+        connection: tokio_postgres::Config,
+        options: PostgresOptions,
+    },
+}
+
+impl std::fmt::Debug for SourceSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceSettings::AirflowApi { url, credentials } => f
+                .debug_struct("AirflowApi")
+                .field("url", &url.as_str())
+                .field("credentials", credentials)
+                .finish(),
+            // tokio_postgres::Config's Debug hides the password.
+            SourceSettings::Postgres {
+                connection,
+                options,
+            } => f
+                .debug_struct("Postgres")
+                .field("connection", connection)
+                .field("options", options)
+                .finish(),
+        }
+    }
+}
+
+/// How to reach the Kubernetes API server as the Sentinel's own service account.
+#[derive(Debug, Clone)]
+pub struct KubernetesAccess {
+    pub api_url: Url,
+    pub token_file: PathBuf,
+    /// Only read for https URLs.
+    pub ca_file: PathBuf,
+}
+
+impl Settings {
+    pub fn from_flags(flags: &Flags) -> Result<Settings, ConfigError> {
+        let config = Config::load(&flags.config)?;
+        Settings::from_parts(config, flags, |name| std::env::var(name).ok())
+    }
+
+    /// `env` looks up process environment variables that are not flags
+    /// (`KUBERNETES_SERVICE_HOST/PORT`); tests pass their own.
+    pub fn from_parts(
+        config: Config,
+        flags: &Flags,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, ConfigError> {
+        let listen = SocketAddr::from_str(flags.listen.trim()).map_err(|e| {
+            ConfigError::new(format!(
+                "--listen: {:?} is not an address like 0.0.0.0:39092: {e}",
+                flags.listen
+            ))
+        })?;
+        let source = source_settings(&config.source, flags)?;
+        let kubernetes = match &config.auth.token_review {
+            Some(_) if !config.auth.disabled => Some(kubernetes_access(flags, env)?),
+            _ => None,
+        };
+        Ok(Settings {
+            config,
+            listen,
+            source,
+            kubernetes,
+        })
+    }
+}
+
+fn non_empty(v: &Option<String>) -> Option<&str> {
+    v.as_deref().filter(|s| !s.is_empty())
+}
+
+fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSettings, ConfigError> {
+    match source {
+        SourceConfig::AirflowApi { url } => {
+            let token = non_empty(&flags.airflow_token);
+            let username = non_empty(&flags.airflow_username);
+            let password = non_empty(&flags.airflow_password);
+            let credentials = match (token, username, password) {
+                (Some(_), Some(_), _) => {
+                    return Err(ConfigError::new(
+                        "ASTRO_SENTINEL_AIRFLOW_TOKEN: give either a token or a username and password, not both",
+                    ))
+                }
+                (Some(t), None, _) => RestCredentials::Token(t.to_string()),
+                (None, Some(u), Some(p)) => RestCredentials::Password {
+                    username: u.to_string(),
+                    password: p.to_string(),
+                },
+                (None, Some(_), None) => {
+                    return Err(ConfigError::new(
+                        "ASTRO_SENTINEL_AIRFLOW_PASSWORD: required with ASTRO_SENTINEL_AIRFLOW_USERNAME",
+                    ))
+                }
+                (None, None, _) => {
+                    return Err(ConfigError::new(
+                        "ASTRO_SENTINEL_AIRFLOW_TOKEN: source airflow-api needs ASTRO_SENTINEL_AIRFLOW_TOKEN \
+                         or ASTRO_SENTINEL_AIRFLOW_USERNAME and ASTRO_SENTINEL_AIRFLOW_PASSWORD",
+                    ))
+                }
+            };
+            Ok(SourceSettings::AirflowApi {
+                url: url.clone(),
+                credentials,
+            })
+        }
+        SourceConfig::Postgres(options) => {
+            let url = non_empty(&flags.postgres_url).ok_or_else(|| {
+                ConfigError::new("ASTRO_SENTINEL_POSTGRES_URL: required with source postgres")
+            })?;
+            // The parser's messages quote option names, never the password.
+            let connection = tokio_postgres::Config::from_str(url).map_err(|e| {
+                ConfigError::new(format!("ASTRO_SENTINEL_POSTGRES_URL: invalid: {e}"))
+            })?;
+            if connection.get_hosts().is_empty() {
+                return Err(ConfigError::new(
+                    "ASTRO_SENTINEL_POSTGRES_URL: no host (postgres://user:password@host:port/db)",
+                ));
+            }
+            if let Some(ca) = &options.ca_file {
+                if !ca.is_file() {
+                    return Err(ConfigError::new(format!(
+                        "source.postgres.caFile: {} is not a readable file",
+                        ca.display()
+                    )));
+                }
+            }
+            Ok(SourceSettings::Postgres {
+                connection,
+                options: options.clone(),
+            })
+        }
+    }
+}
+
+fn kubernetes_access(
+    flags: &Flags,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<KubernetesAccess, ConfigError> {
+    let api_url = match non_empty(&flags.kubernetes_api_url) {
+        Some(url) => Url::parse(url).map_err(|e| {
+            ConfigError::new(format!("--kubernetes-api-url: invalid URL {url:?}: {e}"))
+        })?,
+        None => {
+            let host = env("KUBERNETES_SERVICE_HOST").filter(|h| !h.is_empty()).ok_or_else(|| {
+                ConfigError::new(
+                    "--kubernetes-api-url: auth.tokenReview needs the API server: KUBERNETES_SERVICE_HOST \
+                     is not set (not in a cluster?); set --kubernetes-api-url",
+                )
+            })?;
+            let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host
+            };
+            Url::parse(&format!("https://{host}:{port}")).map_err(|e| {
+                ConfigError::new(format!(
+                    "--kubernetes-api-url: KUBERNETES_SERVICE_HOST/PORT do not form a URL: {e}"
+                ))
+            })?
+        }
+    };
+    if !matches!(api_url.scheme(), "http" | "https") {
+        return Err(ConfigError::new(format!(
+            "--kubernetes-api-url: must be http(s), got {api_url}"
+        )));
+    }
+    if api_url.scheme() == "https" && !flags.kubernetes_ca_file.is_file() {
+        return Err(ConfigError::new(format!(
+            "--kubernetes-ca-file: {} is not a readable file (needed for {api_url})",
+            flags.kubernetes_ca_file.display()
+        )));
+    }
+    Ok(KubernetesAccess {
+        api_url,
+        token_file: flags.kubernetes_token_file.clone(),
+        ca_file: flags.kubernetes_ca_file.clone(),
+    })
+}

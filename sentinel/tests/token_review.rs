@@ -1,0 +1,248 @@
+//! Kubernetes TokenReview auth against an in-test HTTP server that answers like the API
+//! server: allowed, not allowed (403), invalid (401), verdict cache and its expiry, review
+//! failures (503, not cached), and the Sentinel's own rotating service-account token.
+
+mod common;
+
+use astro_sentinel::settings::KubernetesAccess;
+use common::*;
+use std::time::Duration;
+
+const KEDA_SA: &str = "system:serviceaccount:keda:astro-agent-keda";
+const OTHER_SA: &str = "system:serviceaccount:default:nosy";
+
+fn yaml(ttl: &str, static_tokens: Option<&std::path::Path>) -> String {
+    let static_line = static_tokens
+        .map(|p| format!("  staticTokensFile: {}\n", p.display()))
+        .unwrap_or_default();
+    format!(
+        "refreshInterval: 100ms
+auth:
+{static_line}  tokenReview:
+    allowedUsernames: [\"{KEDA_SA}\"]
+    cacheTtl: {ttl}
+workers:
+  - {{name: astro-worker-default, queues: [default], syncSlots: 8}}
+"
+    )
+}
+
+struct Setup {
+    fake_kube: std::sync::Arc<FakeKubernetes>,
+    _kube: TestServer,
+    _airflow: TestServer,
+    dir: TempDir,
+    sentinel: astro_sentinel::app::Running,
+}
+
+async fn setup(ttl: &str, with_static: bool) -> Setup {
+    let (fake, airflow) = fake_airflow().await;
+    fake.set("default", 9, 0);
+    let fake_kube = FakeKubernetes::new("sentinel-own-sa-token");
+    fake_kube
+        .users
+        .lock()
+        .unwrap()
+        .insert("keda-bound-token".into(), KEDA_SA.into());
+    fake_kube
+        .users
+        .lock()
+        .unwrap()
+        .insert("other-bound-token".into(), OTHER_SA.into());
+    let kube = fake_kube.start().await;
+    let dir = TempDir::new("tokenreview");
+    let token_file = dir.file("token", "sentinel-own-sa-token\n");
+    let static_file = with_static.then(|| dir.file("static", "static-token\n"));
+    let access = KubernetesAccess {
+        api_url: url::Url::parse(&format!("http://{}", kube.addr)).unwrap(),
+        token_file,
+        ca_file: dir.0.join("no-ca-needed-for-http"),
+    };
+    let sentinel = start_against(
+        airflow.addr,
+        &yaml(ttl, static_file.as_deref()),
+        Some(access),
+    )
+    .await;
+    let addr = sentinel.addr();
+    eventually(Duration::from_secs(5), "ready", || async {
+        (keda_get(addr, "/readyz", None).await.status == 200).then_some(())
+    })
+    .await;
+    Setup {
+        fake_kube,
+        _kube: kube,
+        _airflow: airflow,
+        dir,
+        sentinel,
+    }
+}
+
+const PATH: &str = "/v1/workers/astro-worker-default";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_forbidden_invalid() {
+    let s = setup("60s", false).await;
+    let addr = s.sentinel.addr();
+
+    let ok = keda_get(addr, PATH, Some("keda-bound-token")).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(value_at(&ok, "backlog"), 9.0);
+    assert_eq!(
+        s.fake_kube.seen.lock().unwrap().as_slice(),
+        ["keda-bound-token"]
+    );
+
+    let forbidden = keda_get(addr, PATH, Some("other-bound-token")).await;
+    assert_eq!(forbidden.status, 403, "{}", forbidden.body);
+    assert!(forbidden.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains(OTHER_SA));
+    assert!(forbidden.json().get("backlog").is_none());
+
+    let invalid = keda_get(addr, PATH, Some("expired-or-forged")).await;
+    assert_eq!(invalid.status, 401, "{}", invalid.body);
+    assert!(invalid.json().get("backlog").is_none());
+
+    let missing = keda_get(addr, PATH, None).await;
+    assert_eq!(missing.status, 401);
+    assert_eq!(s.fake_kube.reviews(), 3, "no review without a token");
+
+    let m = keda_get(addr, "/metrics", None).await.body;
+    for outcome in ["allowed", "not_allowed", "invalid"] {
+        assert!(
+            m.contains(&format!(
+                "astro_sentinel_token_reviews_total{{outcome=\"{outcome}\"}} 1"
+            )),
+            "{m}"
+        );
+    }
+    s.sentinel.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdicts_are_cached_until_the_ttl_ends() {
+    let s = setup("700ms", false).await;
+    let addr = s.sentinel.addr();
+    for _ in 0..5 {
+        assert_eq!(
+            keda_get(addr, PATH, Some("keda-bound-token")).await.status,
+            200
+        );
+        assert_eq!(
+            keda_get(addr, PATH, Some("other-bound-token")).await.status,
+            403
+        );
+        assert_eq!(keda_get(addr, PATH, Some("bogus")).await.status, 401);
+    }
+    assert_eq!(
+        s.fake_kube.reviews(),
+        3,
+        "one review per token within the TTL"
+    );
+
+    // The API server revokes the KEDA token; once the cached verdict expires, it is refused.
+    s.fake_kube.users.lock().unwrap().remove("keda-bound-token");
+    let answer = eventually(
+        Duration::from_secs(5),
+        "the cached verdict to expire",
+        || async {
+            let a = keda_get(addr, PATH, Some("keda-bound-token")).await;
+            (a.status != 200).then_some(a)
+        },
+    )
+    .await;
+    assert_eq!(answer.status, 401);
+    assert_eq!(s.fake_kube.reviews(), 4);
+    s.sentinel.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_review_is_503_and_not_cached() {
+    let s = setup("60s", false).await;
+    let addr = s.sentinel.addr();
+    *s.fake_kube.broken.lock().unwrap() = Some(500);
+    let a = keda_get(addr, PATH, Some("keda-bound-token")).await;
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert!(a.json()["error"].as_str().unwrap().contains("verify"));
+    assert!(a.json().get("backlog").is_none());
+    // Our own credentials refused (e.g. RBAC missing): also 503, never 401 for KEDA's token.
+    *s.fake_kube.broken.lock().unwrap() = Some(403);
+    assert_eq!(
+        keda_get(addr, PATH, Some("keda-bound-token")).await.status,
+        503
+    );
+    *s.fake_kube.broken.lock().unwrap() = None;
+    assert_eq!(
+        keda_get(addr, PATH, Some("keda-bound-token")).await.status,
+        200
+    );
+    let m = keda_get(addr, "/metrics", None).await.body;
+    assert!(
+        m.contains("astro_sentinel_token_reviews_total{outcome=\"error\"} 2"),
+        "{m}"
+    );
+    s.sentinel.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_own_token_is_reread_for_every_review() {
+    let s = setup("60s", false).await;
+    let addr = s.sentinel.addr();
+    assert_eq!(
+        keda_get(addr, PATH, Some("keda-bound-token")).await.status,
+        200
+    );
+    // The kubelet rotated our token: the fake API server now only accepts the new one.
+    let fake = FakeKubernetes::new("rotated-own-token");
+    fake.users
+        .lock()
+        .unwrap()
+        .insert("another-keda-token".into(), KEDA_SA.into());
+    let kube2 = fake.start().await;
+    // Point a fresh sentinel at it with the old token file content, then rotate the file.
+    let (airflow, airflow_server) = fake_airflow().await;
+    airflow.set("default", 1, 0);
+    let token_file = s.dir.file("token2", "stale-own-token");
+    let access = KubernetesAccess {
+        api_url: url::Url::parse(&format!("http://{}", kube2.addr)).unwrap(),
+        token_file: token_file.clone(),
+        ca_file: s.dir.0.join("none"),
+    };
+    let sentinel2 = start_against(airflow_server.addr, &yaml("60s", None), Some(access)).await;
+    let addr2 = sentinel2.addr();
+    eventually(Duration::from_secs(5), "ready", || async {
+        (keda_get(addr2, "/readyz", None).await.status == 200).then_some(())
+    })
+    .await;
+    assert_eq!(
+        keda_get(addr2, PATH, Some("another-keda-token"))
+            .await
+            .status,
+        503
+    );
+    std::fs::write(&token_file, "rotated-own-token\n").unwrap();
+    assert_eq!(
+        keda_get(addr2, PATH, Some("another-keda-token"))
+            .await
+            .status,
+        200
+    );
+    sentinel2.stop().await;
+    s.sentinel.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_tokens_are_checked_first_without_a_review() {
+    let s = setup("60s", true).await;
+    let addr = s.sentinel.addr();
+    assert_eq!(keda_get(addr, PATH, Some("static-token")).await.status, 200);
+    assert_eq!(s.fake_kube.reviews(), 0);
+    assert_eq!(
+        keda_get(addr, PATH, Some("keda-bound-token")).await.status,
+        200
+    );
+    assert_eq!(s.fake_kube.reviews(), 1);
+    s.sentinel.stop().await;
+}
