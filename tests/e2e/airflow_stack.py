@@ -1,6 +1,7 @@
 """A real Apache Airflow 3 + Edge executor on PostgreSQL, for end-to-end tests.
 
-    stack = AirflowStack().start()      # ~10 s warm; builds the airflow venv on first use
+    stack = AirflowStack().start()      # 15-20 s on an idle 2-core machine; builds the
+                                        # airflow venv first if it is not cached (~1 min)
     try:
         client = stack.client           # REST client (see airflow_client.py)
         ...
@@ -25,6 +26,11 @@ AIRFLOW_HOME and their own BASE_LOG_FOLDER, the DAGs folder and the airflow venv
 on PATH — but no database URL and no JWT secret. Their log folder is deliberately
 not the api-server's :attr:`log_folder`: a task log the REST API shows can only
 have got there through the Edge API's ``logs/push``.
+
+Test hygiene: :meth:`AirflowStack.abandon_run` makes a test's unfinished run harmless
+for later tests; :meth:`AirflowStack.sql` runs SQL on the metadata database for
+set-up/inspection. :meth:`stop_api_server` / :meth:`start_api_server` restart only
+the api-server, on the same port.
 """
 
 from __future__ import annotations
