@@ -112,7 +112,7 @@ class Helm:
         assert proc.returncode != 0, "helm template succeeded but should have refused the values"
         return proc.stderr
 
-    def notes(self, *values_files):
+    def notes(self, *values_files, sets=()):
         """NOTES.txt rendered offline: `helm template` skips it and `helm install --dry-run` wants
         a cluster, so a copy of the chart renders it through `tpl` inside a ConfigMap."""
         with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +123,7 @@ class Helm:
                 "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
                 '  notes: {{ tpl (.Files.Get "notes-under-test.txt") . | quote }}\n'
             )
-            args = self.template_args(values_files) + ["--show-only", "templates/zz-notes.yaml"]
+            args = self.template_args(values_files, sets) + ["--show-only", "templates/zz-notes.yaml"]
             proc = self.run(*args, chart=chart)
             assert proc.returncode == 0, proc.stderr
             return yaml.safe_load(proc.stdout)["data"]["notes"]

@@ -22,6 +22,7 @@ fi
 dir="$ASTRO_CACHE_DIR/chart/helm-$HELM_VERSION"
 if [ ! -x "$dir/helm" ]; then
   echo "building helm $HELM_VERSION from the Go module proxy (once) ..." >&2
+  mkdir -p "$ASTRO_CACHE_DIR/chart"
   tmp="$(mktemp -d "$ASTRO_CACHE_DIR/chart/helm-build.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
   # What helm's own Makefile stamps in: its version, and the Kubernetes version of the client-go it

@@ -132,6 +132,11 @@ def test_invalid_values_are_refused_with_a_message_naming_the_key(chart, name):
     assert expected in err, f"expected {expected!r} in:\n{err}"
 
 
+def test_bare_chart_asks_for_the_airflow_connection(chart):
+    err = chart.render_error()
+    assert "airflow.edgeApiUrl is required when workers are defined" in err
+
+
 def test_invalid_values_via_set_flags(chart):
     base = scenario("keda-static")
     err = chart.render_error(base, sets=["sentinel.enabled=false"])
@@ -169,6 +174,7 @@ def test_each_worker_has_its_deployment_and_metrics_service(chart, name):
             if other is not d:
                 assert not svc["spec"]["selector"].items() <= other["spec"]["template"]["metadata"]["labels"].items()
         # ... on the port named http that serves /metrics.
+        assert svc["spec"]["publishNotReadyAddresses"] is True  # draining Pods are still scraped
         (port,) = [p for p in svc["spec"]["ports"] if p["name"] == "http"]
         c = container(d, "agent")
         (cport,) = [p for p in c["ports"] if p["name"] == port["targetPort"]]
@@ -694,6 +700,9 @@ def test_notes_tell_how_to_check_the_scaling_objects(chart):
     assert f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/deployments.apps/astro-worker-default-worker/astro_agent_client_queued_or_running_tasks" in notes
     notes = chart.notes(scenario("keda-static"))
     assert "astro-keda-sentinel-token" in notes and "/v1/workers" in notes
+    assert "WARNING" not in notes
+    notes = chart.notes(scenario("keda-static"), sets=["serviceMonitor.sentinel.enabled=true"])
+    assert "WARNING: serviceMonitor.sentinel is on but sentinel.networkPolicy.metricsFrom is empty" in notes
 
 
 def _leaf_paths(node, prefix=""):
