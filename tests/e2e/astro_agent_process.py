@@ -1,0 +1,129 @@
+"""Starting the real ``astro-agent`` binary against the test stack.
+
+The binary is ``$ASTRO_AGENT_BIN`` or ``<cargo target dir>/release/astro-agent``
+(``tests/run.sh`` builds it before pytest starts).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from airflow_stack import PASSWORD, USERNAME, AirflowStack
+from procs import Daemon, StartupError, free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def binary(name: str) -> Path:
+    override = os.environ.get(f"{name.upper().replace('-', '_')}_BIN")
+    if override:
+        return Path(override)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    path = target / "release" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing: run `cargo build --release` first")
+    return path
+
+
+class AstroAgent:
+    """One astro-agent process with its own worker folder, admin port and log file."""
+
+    def __init__(
+        self,
+        stack: AirflowStack,
+        name: str,
+        queues: Sequence[str] = ("default",),
+        sync_slots: int = 4,
+        extra_args: Sequence[str] = (),
+        queue_stats: bool = True,
+        heartbeat_interval: str = "2s",
+    ):
+        self.stack = stack
+        self.name = name
+        self.queues = list(queues)
+        self.folder = stack.worker_dir(name)
+        self.port = free_port()
+        argv = [
+            str(binary("astro-agent")),
+            "--api-url", stack.edge_api_url,
+            "--execution-api-url", stack.execution_api_url,
+            "--worker-name", name,
+            "--queues", ",".join(self.queues),
+            "--sync-slots", str(sync_slots),
+            "--listen", f"127.0.0.1:{self.port}",
+            "--python", str(stack.python),
+            "--log-folder", str(stack.worker_log_folder(name)),
+            "--heartbeat-interval", heartbeat_interval,
+            *extra_args,
+        ]
+        env = stack.worker_env(name)
+        env["ASTRO_AGENT_JWT_SECRET_FILE"] = str(stack.jwt_secret_file)
+        env["RUST_LOG"] = "info"
+        if queue_stats:
+            env["ASTRO_AGENT_REST_API_URL"] = stack.api_base
+            env["ASTRO_AGENT_REST_API_USERNAME"] = USERNAME
+            env["ASTRO_AGENT_REST_API_PASSWORD"] = PASSWORD
+        self.daemon = Daemon(f"astro-agent {name}", argv, env, self.folder / "agent.log", cwd=self.folder)
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "AstroAgent":
+        """Start and wait until /readyz answers 200 (registered with Airflow)."""
+        self.daemon.start()
+        try:
+            wait_for(
+                lambda: self.daemon.check_alive() or self.status("/readyz") == 200,
+                timeout,
+                f"astro-agent {self.name} to be ready",
+                interval=0.1,
+                on_timeout=lambda: self.daemon.tail(40),
+            )
+        except (StartupError, TimeoutError):
+            self.daemon.stop(sig=signal.SIGKILL)
+            raise
+        return self
+
+    def status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.admin + path, timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.admin + "/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def gauge(self, name: str, **labels: str) -> float | None:
+        """The value of one sample of /metrics, or None when absent."""
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        pattern = re.compile(rf"^{re.escape(name)}(\{{(.*)\}})? (\S+)$")
+        for line in self.metrics().splitlines():
+            m = pattern.match(line)
+            if not m:
+                continue
+            have = ",".join(sorted((m.group(2) or "").split(","))) if m.group(2) else ""
+            if have == want:
+                return float(m.group(3))
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        self.daemon.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.daemon.wait(timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120.0) -> int | None:
+        return self.daemon.stop(sig=sig, timeout=timeout)
+
+    def log(self) -> str:
+        return self.daemon.tail(200)

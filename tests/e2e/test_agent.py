@@ -1,0 +1,125 @@
+"""astro-agent against the real Airflow 3 + Edge provider stack."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from datetime import datetime
+
+import pytest
+
+from astro_agent_process import AstroAgent
+from procs import wait_for
+
+MARKER = "astro-e2e marker"
+
+
+@pytest.fixture
+def astro_agent(airflow):
+    """``astro_agent(name, **kw)`` starts a ready agent; each is stopped at test end
+    (a drain, then a second SIGTERM so no task outlives the test)."""
+    agents: list[AstroAgent] = []
+
+    def start(name: str, **kwargs) -> AstroAgent:
+        agent = AstroAgent(airflow, name, **kwargs)
+        agents.append(agent)
+        return agent.start()
+
+    yield start
+
+    for agent in agents:
+        if agent.daemon.alive():
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(3)
+            except subprocess.TimeoutExpired:
+                agent.send_signal(signal.SIGTERM)
+            agent.stop(timeout=60)
+
+
+def _ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def max_concurrency(task_instances: list[dict]) -> int:
+    """Largest number of these task instances that were running at the same moment."""
+    events = []
+    for ti in task_instances:
+        events.append((_ts(ti["start_date"]), 1))
+        events.append((_ts(ti["end_date"]), -1))
+    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def test_two_agents_run_40_tasks_within_their_slots_and_ship_logs(airflow, trigger_dag, astro_agent):
+    astro_agent("agent-a", sync_slots=4)
+    astro_agent("agent-b", sync_slots=4)
+    run = trigger_dag("e2e_short_40")
+    state = airflow.client.wait_run("e2e_short_40", run, timeout=300)
+    tis = airflow.client.task_instances("e2e_short_40", run)
+    assert len(tis) == 40
+    assert {ti["state"] for ti in tis} == {"success"}, [(t["task_id"], t["state"]) for t in tis if t["state"] != "success"]
+    assert state == "success"
+
+    by_host: dict[str, list[dict]] = {}
+    for ti in tis:
+        by_host.setdefault(ti["hostname"], []).append(ti)
+    assert set(by_host) == {"agent-a", "agent-b"}, f"hosts: {sorted(by_host)}"
+    for host, items in by_host.items():
+        peak = max_concurrency(items)
+        assert 1 <= peak <= 4, f"{host} ran {peak} tasks at once"
+
+    # The agents' log folders are their own, so Airflow can only show what they pushed.
+    for ti in tis:
+        text = airflow.client.task_log_text("e2e_short_40", run, ti["task_id"])
+        assert f"{MARKER} dag=e2e_short_40 task={ti['task_id']}" in text, text[-2000:]
+
+
+def test_sigterm_drains_running_tasks_and_reports_offline(airflow, trigger_dag, astro_agent):
+    agent = astro_agent("agent-drain", sync_slots=4)
+    run = trigger_dag("e2e_long_8")
+    client = airflow.client
+
+    def running_here():
+        tis = client.task_instances("e2e_long_8", run)
+        mine = [t for t in tis if t["state"] == "running" and t["hostname"] == "agent-drain"]
+        return mine if len(mine) == 4 else None
+
+    running = wait_for(running_here, 120, "4 tasks running on agent-drain", interval=0.5)
+    running_ids = {t["task_id"] for t in running}
+
+    agent.send_signal(signal.SIGTERM)
+    wait_for(lambda: agent.status("/readyz") == 503, 10, "readyz to turn 503 during the drain", interval=0.1)
+    code = agent.wait(timeout=120)
+    assert code == 0, agent.log()
+
+    tis = {t["task_id"]: t for t in client.task_instances("e2e_long_8", run)}
+    for task_id in running_ids:
+        assert tis[task_id]["state"] == "success", (task_id, tis[task_id]["state"])
+    assert not [t for t in tis.values() if t["state"] in ("failed", "up_for_retry")]
+    # The drained agent took nothing new: the other four never ran on it.
+    others = [t for t in tis.values() if t["task_id"] not in running_ids]
+    assert all(t["hostname"] in (None, "") for t in others), others
+    assert client.edge_worker("agent-drain")["state"] == "offline"
+
+
+def test_queue_stats_equal_airflows_counts(airflow, trigger_dag, astro_agent):
+    agent = astro_agent("agent-stats", sync_slots=2)
+    run = trigger_dag("e2e_long_8")
+    client = airflow.client
+
+    def in_step():
+        mine = client.task_instances("e2e_long_8", run)
+        if sum(t["state"] == "running" for t in mine) != 2 or sum(t["state"] == "queued" for t in mine) != 6:
+            return None
+        want = {"queued": client.count("default", ["queued"]), "running": client.count("default", ["running"])}
+        have = {s: agent.gauge("astro_agent_client_queue_stats", queue="default", state=s) for s in want}
+        return (want, have) if have == {s: float(n) for s, n in want.items()} else None
+
+    want, have = wait_for(in_step, 60, "queue stats equal to Airflow's counts", interval=0.5)
+    assert want["queued"] >= 6 and want["running"] >= 2
+    assert agent.gauge("astro_agent_slots_in_use") == 2.0

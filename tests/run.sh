@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The project's test command (the README's second command; CI runs it via .ci/run).
+#
+# Installs what is missing, then runs, stopping at the first failure:
+#   rust   cargo fmt --check, clippy -D warnings, unit + in-process tests, release build
+#   chart  the Helm chart against a real helm (built from the Go module proxy) and the
+#          Kubernetes / KEDA / prometheus-operator schemas
+#   e2e    the agent and the Sentinel against a real Airflow 3 on PostgreSQL
+# Choose stages with arguments: tests/run.sh [rust] [chart] [e2e]   (default: all).
+#
+# Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}, keyed by
+# version; without the cache the same run only takes longer.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+. tests/lib/cache.sh
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(rust chart e2e)
+want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+step() { printf '\n==> %s\n' "$*"; }
+
+bash tests/lib/prerequisites.sh
+
+# One target folder per toolchain, outside the clone, so a fresh clone reuses built deps.
+toolchain="$(rustc -V | sha256sum | cut -c1-12)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ASTRO_CACHE_DIR/cargo-target-$toolchain}"
+
+if want rust; then
+  step "cargo fmt --check"
+  cargo fmt --all -- --check
+  step "cargo clippy"
+  cargo clippy --workspace --all-targets --release -- -D warnings
+  step "cargo test"
+  cargo test --workspace --release
+  step "cargo build --release"
+  cargo build --workspace --release
+fi
+
+if want chart; then
+  step "chart tests"
+  bash tests/chart/run.sh
+fi
+
+if want e2e; then
+  step "end-to-end tests against a real Airflow"
+  [ -x "$CARGO_TARGET_DIR/release/astro-agent" ] || cargo build --workspace --release
+  tools="$(bash tests/e2e/venvs.sh tools)"
+  "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/e2e
+fi
