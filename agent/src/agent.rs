@@ -11,7 +11,7 @@ use crate::readiness::Readiness;
 use crate::registration::{self, Registered};
 use crate::shutdown;
 use crate::slots::Slots;
-use crate::task_process::{Launcher, KILL_GRACE};
+use crate::task_process::{SpawnerSettings, TaskSpawner, KILL_GRACE};
 use crate::versions::Versions;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
@@ -27,6 +27,8 @@ use tokio_util::task::TaskTracker;
 /// After tasks were stopped, how long their last logs and states may take to reach Airflow
 /// before the agent exits regardless.
 const REPORT_GRACE: Duration = Duration::from_secs(30);
+/// How long start-up waits for the pre-forked launcher before registering without it.
+const LAUNCHER_WAIT: Duration = Duration::from_secs(30);
 
 pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
@@ -53,15 +55,33 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
     )
     .context("building the HTTP client")?;
     let work_dir = std::env::temp_dir().join(format!("astro-agent-{}", std::process::id()));
-    let launcher = Launcher::new(
-        &config.python,
-        work_dir,
-        config.execution_api_url.as_str(),
-        &config.worker_name,
-        &config.log_folder,
+    let spawner = TaskSpawner::new(
+        SpawnerSettings {
+            python: &config.python,
+            work_dir,
+            execution_api_url: config.execution_api_url.as_str(),
+            worker_name: &config.worker_name,
+            log_folder: &config.log_folder,
+            mode: config.launch_mode,
+        },
         std::env::vars_os(),
     )
     .context("creating the private work directory for workload files")?;
+    let stop_launcher = CancellationToken::new();
+    let prefork = spawner.prefork_launcher();
+    let launcher = prefork
+        .clone()
+        .map(|launcher| tokio::spawn(launcher.supervise(stop_launcher.clone())));
+    if let Some(prefork) = prefork {
+        // The first jobs start fast only if the launcher is up; a slow one does not hold the
+        // worker back for long (tasks start in fresh interpreters until it is ready).
+        if tokio::time::timeout(LAUNCHER_WAIT, prefork.wait_first_start())
+            .await
+            .is_err()
+        {
+            tracing::warn!("task launcher not ready after {LAUNCHER_WAIT:?}; registering anyway");
+        }
+    }
     let ctx = Arc::new(Context {
         slots: Slots::new(config.sync_slots),
         status: WorkerStatus::new(
@@ -72,7 +92,7 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
         config,
         edge,
         metrics,
-        launcher,
+        spawner,
         jobs: TaskTracker::new(),
         drain,
         kill,
@@ -84,7 +104,11 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
     ctx.update_slot_metrics();
 
     let outcome = serve(&ctx, &readiness).await;
-    let _ = std::fs::remove_dir_all(ctx.launcher.work_dir());
+    stop_launcher.cancel();
+    if let Some(launcher) = launcher {
+        let _ = launcher.await;
+    }
+    let _ = std::fs::remove_dir_all(ctx.spawner.work_dir());
     stop_admin.cancel();
     let _ = admin.await;
     outcome

@@ -1,6 +1,7 @@
 //! The agent's configuration: one clap struct, every flag also read from `ASTRO_AGENT_<FLAG>`,
 //! and one validation step that turns it into [`Config`] or a one-line error naming the flag.
 
+use crate::task_process::LaunchMode;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -102,6 +103,16 @@ pub struct Flags {
           value_parser = humantime::parse_duration)]
     pub drain_timeout: Option<Duration>,
 
+    /// How task processes start: forked from a launcher that has Airflow imported already
+    /// (falls back to fresh interpreters while it is unavailable), or always fresh
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_LAUNCH_MODE",
+        value_enum,
+        default_value = "prefork"
+    )]
+    pub launch_mode: LaunchMode,
+
     /// Airflow REST API base (http://HOST:PORT) for queue stats; off when not given
     #[arg(long, env = "ASTRO_AGENT_REST_API_URL", value_name = "URL")]
     pub rest_api_url: Option<String>,
@@ -153,6 +164,7 @@ pub struct Config {
     pub airflow_version: Option<String>,
     pub edge_provider_version: Option<String>,
     pub drain_timeout: Option<Duration>,
+    pub launch_mode: LaunchMode,
     pub rest_api: Option<RestApiConfig>,
 }
 
@@ -330,6 +342,7 @@ impl Flags {
             airflow_version: self.airflow_version,
             edge_provider_version: self.edge_provider_version,
             drain_timeout: self.drain_timeout,
+            launch_mode: self.launch_mode,
             rest_api,
         })
     }
@@ -365,6 +378,7 @@ mod tests {
         assert_eq!(c.idle_fetch_interval, Duration::from_secs(5));
         assert_eq!(c.worker_name, "host-1");
         assert_eq!(c.drain_timeout, None);
+        assert_eq!(c.launch_mode, LaunchMode::Prefork);
         assert!(c.rest_api.is_none());
         assert_eq!(c.jwt_secret.expose(), b"s3cret");
     }

@@ -16,6 +16,7 @@ pub struct Metrics {
     pub slots_total: IntGauge,
     pub slots_in_use: IntGauge,
     pub tasks_started: IntCounter,
+    pub task_launches: IntCounterVec,
     pub tasks_finished: IntCounterVec,
     pub task_duration: HistogramVec,
     pub edge_request_duration: HistogramVec,
@@ -77,6 +78,14 @@ impl Metrics {
         let tasks_started = IntCounter::new(
             "astro_agent_tasks_started_total",
             "Jobs received from Airflow and started.",
+        )
+        .unwrap();
+        let task_launches = IntCounterVec::new(
+            Opts::new(
+                "astro_agent_task_launches_total",
+                "Task processes started, by how: prefork (forked from the launcher) or fresh (a new interpreter).",
+            ),
+            &["mode"],
         )
         .unwrap();
         let tasks_finished = IntCounterVec::new(
@@ -147,6 +156,7 @@ impl Metrics {
             Box::new(slots_total.clone()),
             Box::new(slots_in_use.clone()),
             Box::new(tasks_started.clone()),
+            Box::new(task_launches.clone()),
             Box::new(tasks_finished.clone()),
             Box::new(task_duration.clone()),
             Box::new(edge_request_duration.clone()),
@@ -168,6 +178,7 @@ impl Metrics {
             slots_total,
             slots_in_use,
             tasks_started,
+            task_launches,
             tasks_finished,
             task_duration,
             edge_request_duration,

@@ -1,12 +1,18 @@
 //! Starting and stopping one task process.
 //!
-//! The task runs in Airflow's own supervisor,
+//! The task runs in Airflow's own supervisor, the code behind
 //! `python -m airflow.sdk.execution_time.execute_workload --json-path FILE`, in a process group
 //! of its own so that a stop reaches the supervisor and the task it forked. The workload (it
 //! holds the task's Execution API token) goes into a 0600 file rather than argv, where `ps`
 //! would show it, and the process gets the agent's environment minus every secret the task
 //! must not see: the agent's own settings, Airflow's JWT secret and any database URL.
+//!
+//! Two ways to start it ([`LaunchMode`]): a fork of the pre-forked launcher, which has Airflow
+//! imported already, or a fresh interpreter — the fallback whenever the launcher cannot start
+//! a task. A claim file decides races between the two: whoever creates it first runs the task.
 
+use crate::prefork_launcher::{LaunchRequest, PreforkLauncher};
+use crate::reaper::Reaper;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::ffi::OsString;
@@ -15,8 +21,10 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 /// How long a task gets between SIGTERM and SIGKILL when the agent must stop it.
@@ -32,23 +40,48 @@ const WITHHELD_ENV_PREFIXES: &[&str] = &[
     "AIRFLOW__CELERY__RESULT_BACKEND",
 ];
 
+/// How task processes are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LaunchMode {
+    /// Fork from a long-lived launcher that has imported Airflow already (fresh interpreters
+    /// while it is not available).
+    Prefork,
+    /// A fresh `python -m airflow.sdk.execution_time.execute_workload` per task.
+    Fresh,
+}
+
 /// Everything needed to start task processes, computed once.
-pub struct Launcher {
+pub struct TaskSpawner {
     python: PathBuf,
     work_dir: PathBuf,
     env: Vec<(OsString, OsString)>,
+    prefork: Option<(Arc<PreforkLauncher>, Arc<Reaper>)>,
 }
 
-impl Launcher {
-    /// Creates the private work directory (0700) that holds workload files.
+pub struct SpawnerSettings<'a> {
+    pub python: &'a Path,
+    pub work_dir: PathBuf,
+    pub execution_api_url: &'a str,
+    pub worker_name: &'a str,
+    pub log_folder: &'a Path,
+    pub mode: LaunchMode,
+}
+
+impl TaskSpawner {
+    /// Creates the private work directory (0700) that holds workload files. Must run inside
+    /// the runtime: the pre-fork mode installs a SIGCHLD handler.
     pub fn new(
-        python: &Path,
-        work_dir: PathBuf,
-        execution_api_url: &str,
-        worker_name: &str,
-        log_folder: &Path,
+        settings: SpawnerSettings<'_>,
         parent_env: impl Iterator<Item = (OsString, OsString)>,
     ) -> std::io::Result<Self> {
+        let SpawnerSettings {
+            python,
+            work_dir,
+            execution_api_url,
+            worker_name,
+            log_folder,
+            mode,
+        } = settings;
         DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -78,10 +111,24 @@ impl Launcher {
             set.iter()
                 .map(|(k, v)| (OsString::from(k), v.to_os_string())),
         );
-        Ok(Launcher {
+        let prefork = match mode {
+            LaunchMode::Fresh => None,
+            LaunchMode::Prefork => match Reaper::install() {
+                Ok(reaper) => Some((
+                    PreforkLauncher::new(python, &work_dir, env.clone())?,
+                    reaper,
+                )),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot become a child subreaper: tasks start in fresh interpreters");
+                    None
+                }
+            },
+        };
+        Ok(TaskSpawner {
             python: python.to_path_buf(),
             work_dir,
             env,
+            prefork,
         })
     }
 
@@ -89,35 +136,52 @@ impl Launcher {
         &self.work_dir
     }
 
+    /// The launcher to keep running, in pre-fork mode.
+    pub fn prefork_launcher(&self) -> Option<Arc<PreforkLauncher>> {
+        self.prefork.as_ref().map(|(launcher, _)| launcher.clone())
+    }
+
     /// Starts the task for `workload` (the job's `command`).
-    pub fn spawn(&self, workload: &serde_json::Value) -> std::io::Result<TaskProcess> {
+    pub async fn spawn(&self, workload: &serde_json::Value) -> std::io::Result<TaskProcess> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let workload_file = self.work_dir.join(format!("{id}.json"));
-        let output_file = self.work_dir.join(format!("{id}.out"));
         let files = TaskFiles {
-            workload: workload_file.clone(),
-            output: output_file.clone(),
+            workload: self.work_dir.join(format!("{id}.json")),
+            output: self.work_dir.join(format!("{id}.out")),
+            claim: self.work_dir.join(format!("{id}.claim")),
         };
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&workload_file)?;
+        let mut f = private_file(&files.workload)?;
         f.write_all(&serde_json::to_vec(workload)?)?;
         f.sync_all()?;
         drop(f);
-        let output = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&output_file)?;
+        let output = private_file(&files.output)?;
+
+        if let Some((launcher, reaper)) = &self.prefork {
+            let request = LaunchRequest {
+                id: &id,
+                workload: &files.workload,
+                output: &files.output,
+                claim: &files.claim,
+            };
+            match launcher.launch(&request).await {
+                Ok(pid) => return Ok(TaskProcess::adopted(pid, reaper, files)),
+                Err(reason) => tracing::warn!("{reason}; starting the task in a fresh interpreter"),
+            }
+            // The launcher may have forked the task before it failed: the claim tells.
+            if let Some(pid) = claimed_by(&files.claim).await? {
+                tracing::info!(
+                    pid,
+                    "the launcher had started the task after all; adopting it"
+                );
+                return Ok(TaskProcess::adopted(pid, reaper, files));
+            }
+        }
         let child = Command::new(&self.python)
             .args([
                 "-m",
                 "airflow.sdk.execution_time.execute_workload",
                 "--json-path",
             ])
-            .arg(&workload_file)
+            .arg(&files.workload)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -126,7 +190,40 @@ impl Launcher {
             .process_group(0)
             .spawn()?;
         let pid = child.id().expect("a just-spawned child has a pid") as i32;
-        Ok(TaskProcess { child, pid, files })
+        Ok(TaskProcess {
+            pid,
+            exit: ExitSource::Child(child),
+            files,
+        })
+    }
+}
+
+fn private_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Claims the job for a fresh interpreter, or returns the pid of the launcher's task that
+/// claimed it first.
+async fn claimed_by(claim: &Path) -> std::io::Result<Option<i32>> {
+    match private_file(claim) {
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // The task creates the file, then writes its pid: give it a moment to finish.
+            for _ in 0..100 {
+                if let Ok(pid) = std::fs::read_to_string(claim)?.trim().parse::<i32>() {
+                    return Ok(Some(pid));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(std::io::Error::other(
+                "a task claimed the job but wrote no pid",
+            ))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -134,19 +231,38 @@ impl Launcher {
 struct TaskFiles {
     workload: PathBuf,
     output: PathBuf,
+    claim: PathBuf,
 }
 
 impl Drop for TaskFiles {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.workload);
         let _ = std::fs::remove_file(&self.output);
+        let _ = std::fs::remove_file(&self.claim);
     }
 }
 
+enum ExitSource {
+    /// Spawned by the agent: tokio reaps it.
+    Child(Child),
+    /// Forked by the launcher and re-parented to the agent: the reaper reports it.
+    Adopted(oneshot::Receiver<ExitStatus>),
+}
+
 pub struct TaskProcess {
-    child: Child,
     pid: i32,
+    exit: ExitSource,
     files: TaskFiles,
+}
+
+impl TaskProcess {
+    /// What started the task: `Prefork` when the launcher forked it.
+    pub fn launched_by(&self) -> LaunchMode {
+        match self.exit {
+            ExitSource::Child(_) => LaunchMode::Fresh,
+            ExitSource::Adopted(_) => LaunchMode::Prefork,
+        }
+    }
 }
 
 /// How a task process ended.
@@ -159,8 +275,25 @@ pub enum Exit {
 }
 
 impl TaskProcess {
+    fn adopted(pid: i32, reaper: &Reaper, files: TaskFiles) -> Self {
+        TaskProcess {
+            pid,
+            exit: ExitSource::Adopted(reaper.watch(pid)),
+            files,
+        }
+    }
+
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    async fn exited(&mut self) -> std::io::Result<ExitStatus> {
+        match &mut self.exit {
+            ExitSource::Child(child) => child.wait().await,
+            ExitSource::Adopted(rx) => rx
+                .await
+                .map_err(|_| std::io::Error::other("the reaper stopped before the task ended")),
+        }
     }
 
     /// Waits for the process to end; when `kill` fires first, SIGTERMs its process group
@@ -168,15 +301,15 @@ impl TaskProcess {
     /// it after [`KILL_GRACE`].
     pub async fn wait(&mut self, kill: &CancellationToken) -> std::io::Result<Exit> {
         tokio::select! {
-            status = self.child.wait() => return status.map(Exit::Finished),
+            status = self.exited() => return status.map(Exit::Finished),
             _ = kill.cancelled() => {}
         }
         self.signal(Signal::SIGTERM);
-        match tokio::time::timeout(KILL_GRACE, self.child.wait()).await {
+        match tokio::time::timeout(KILL_GRACE, self.exited()).await {
             Ok(status) => status.map(Exit::Killed),
             Err(_) => {
                 self.signal(Signal::SIGKILL);
-                self.child.wait().await.map(Exit::Killed)
+                self.exited().await.map(Exit::Killed)
             }
         }
     }
@@ -205,8 +338,8 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A stand-in "python" that records its argv, environment and workload, then runs the
-    /// shell snippet in $ACTION.
+    /// A stand-in "python" for fresh mode that records its argv, environment and workload,
+    /// then runs the shell snippet in $ACTION.
     fn fake_python(dir: &Path) -> PathBuf {
         let path = dir.join("python");
         std::fs::write(
@@ -218,7 +351,18 @@ mod tests {
         path
     }
 
-    fn launcher(dir: &Path, action: &str) -> Launcher {
+    fn settings<'a>(python: &'a Path, dir: &Path, mode: LaunchMode) -> SpawnerSettings<'a> {
+        SpawnerSettings {
+            python,
+            work_dir: dir.join("work"),
+            execution_api_url: "http://api:8080/execution/",
+            worker_name: "worker-7",
+            log_folder: Path::new("/logs"),
+            mode,
+        }
+    }
+
+    fn fresh_spawner(dir: &Path, python: &Path, action: &str) -> TaskSpawner {
         let parent = vec![
             ("PATH".into(), std::env::var_os("PATH").unwrap()),
             ("RECORD".into(), dir.join("rec").into_os_string()),
@@ -235,23 +379,16 @@ mod tests {
             ("AIRFLOW__CORE__DAGS_FOLDER".into(), "/dags".into()),
             ("HOSTNAME".into(), "pod-name".into()),
         ];
-        Launcher::new(
-            &fake_python(dir),
-            dir.join("work"),
-            "http://api:8080/execution/",
-            "worker-7",
-            Path::new("/logs"),
-            parent.into_iter(),
-        )
-        .unwrap()
+        TaskSpawner::new(settings(python, dir, LaunchMode::Fresh), parent.into_iter()).unwrap()
     }
 
     #[tokio::test]
     async fn runs_the_supervisor_with_a_private_workload_and_clean_env() {
         let dir = tempfile::tempdir().unwrap();
-        let launcher = launcher(dir.path(), "exit 0");
+        let python = fake_python(dir.path());
+        let spawner = fresh_spawner(dir.path(), &python, "exit 0");
         let workload = serde_json::json!({"type": "ExecuteTask", "token": "tok"});
-        let mut p = launcher.spawn(&workload).unwrap();
+        let mut p = spawner.spawn(&workload).await.unwrap();
         let exit = p.wait(&CancellationToken::new()).await.unwrap();
         assert!(matches!(exit, Exit::Finished(s) if s.success()));
         let rec =
@@ -276,9 +413,9 @@ mod tests {
         assert!(!env.contains("SQL_ALCHEMY_CONN"));
         assert!(p.output_tail(1024).contains("supervisor-says-hi"));
         drop(p);
-        let left: Vec<_> = std::fs::read_dir(launcher.work_dir()).unwrap().collect();
-        assert!(left.is_empty(), "workload files are removed: {left:?}");
-        let mode = std::fs::metadata(launcher.work_dir())
+        let left: Vec<_> = std::fs::read_dir(spawner.work_dir()).unwrap().collect();
+        assert!(left.is_empty(), "task files are removed: {left:?}");
+        let mode = std::fs::metadata(spawner.work_dir())
             .unwrap()
             .permissions()
             .mode();
@@ -288,9 +425,9 @@ mod tests {
     #[tokio::test]
     async fn exit_status_is_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let mut p = launcher(dir.path(), "exit 3")
-            .spawn(&serde_json::json!({}))
-            .unwrap();
+        let python = fake_python(dir.path());
+        let spawner = fresh_spawner(dir.path(), &python, "exit 3");
+        let mut p = spawner.spawn(&serde_json::json!({})).await.unwrap();
         match p.wait(&CancellationToken::new()).await.unwrap() {
             Exit::Finished(s) => assert_eq!(s.code(), Some(3)),
             other => panic!("unexpected {other:?}"),
@@ -303,22 +440,15 @@ mod tests {
         // The "supervisor" forks a grandchild, as the real one forks the task.
         let grandchild_pid = dir.path().join("grandchild.pid");
         let action = format!("sleep 300 & echo $! > {}; wait", grandchild_pid.display());
-        let mut p = launcher(dir.path(), &action)
-            .spawn(&serde_json::json!({}))
-            .unwrap();
-        while !grandchild_pid.exists()
-            || std::fs::read_to_string(&grandchild_pid)
-                .unwrap()
-                .trim()
-                .is_empty()
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let gc: i32 = std::fs::read_to_string(&grandchild_pid)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let python = fake_python(dir.path());
+        let spawner = fresh_spawner(dir.path(), &python, &action);
+        let mut p = spawner.spawn(&serde_json::json!({})).await.unwrap();
+        let gc: i32 = loop {
+            match std::fs::read_to_string(&grandchild_pid).map(|s| s.trim().parse()) {
+                Ok(Ok(pid)) => break pid,
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        };
         let kill = CancellationToken::new();
         kill.cancel();
         let exit = tokio::time::timeout(Duration::from_secs(5), p.wait(&kill))
@@ -326,41 +456,248 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(exit, Exit::Killed(_)));
-        // The grandchild got SIGTERM too (it may linger as a zombie of init briefly).
-        let mut gone = false;
-        for _ in 0..200 {
-            let stat = std::fs::read_to_string(format!("/proc/{gc}/stat")).unwrap_or_default();
+        assert!(gone(gc).await, "grandchild {gc} survived the kill");
+    }
+
+    /// The process is gone or a zombie (its parent may reap it a little later).
+    async fn gone(pid: i32) -> bool {
+        for _ in 0..300 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             if stat.is_empty() || stat.contains(") Z ") {
-                gone = true;
-                break;
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(gone, "grandchild {gc} survived the kill");
+        false
     }
 
-    #[test]
-    fn a_missing_python_fails_to_spawn() {
+    #[tokio::test]
+    async fn a_missing_python_fails_to_spawn() {
         let dir = tempfile::tempdir().unwrap();
-        let launcher = Launcher::new(
-            Path::new("/nonexistent/python3"),
-            dir.path().join("work"),
-            "http://x/",
-            "w",
-            Path::new("/logs"),
-            std::iter::empty(),
-        )
-        .unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let _guard = rt.enter();
-        let err = launcher
+        let spawner = fresh_spawner(dir.path(), Path::new("/nonexistent/python3"), "");
+        let err = spawner
             .spawn(&serde_json::json!({}))
+            .await
             .err()
             .expect("spawn fails");
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
-        assert_eq!(std::fs::read_dir(launcher.work_dir()).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(spawner.work_dir()).unwrap().count(), 0);
+    }
+
+    // ---- pre-fork mode, with the real launcher script and a fake `airflow` package ----
+
+    const FAKE_EXECUTE_WORKLOAD: &str = r#"
+import argparse, json, os, sys, time
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json-path")
+    args = parser.parse_args()
+    w = json.load(open(args.json_path))
+    record = {"pid": os.getpid(), "pgid": os.getpgid(0), "ppid": os.getppid(),
+              "main": os.path.basename(getattr(sys.modules["__main__"], "__file__", "")),
+              "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET")}
+    with open(w["record"], "w") as f:
+        json.dump(record, f)
+    print("fake supervisor running", flush=True)
+    time.sleep(w.get("sleep", 0))
+    sys.exit(w.get("exit", 0))
+if __name__ == "__main__":
+    main()
+"#;
+
+    /// A PYTHONPATH folder with just enough of `airflow` (and `pydantic`) for the launcher's
+    /// imports and for `-m airflow.sdk.execution_time.execute_workload`.
+    fn fake_airflow(dir: &Path, with_sdk_log: bool) -> PathBuf {
+        let root = dir.join("pythonpath");
+        let mut files = vec![
+            ("pydantic.py", ""),
+            ("airflow/__init__.py", ""),
+            ("airflow/executors/__init__.py", ""),
+            ("airflow/executors/workloads.py", ""),
+            (
+                "airflow/executors/base_executor.py",
+                "class BaseExecutor: pass\n",
+            ),
+            ("airflow/sdk/__init__.py", ""),
+            ("airflow/sdk/execution_time/__init__.py", ""),
+            ("airflow/sdk/execution_time/supervisor.py", ""),
+            (
+                "airflow/sdk/execution_time/execute_workload.py",
+                FAKE_EXECUTE_WORKLOAD,
+            ),
+        ];
+        if with_sdk_log {
+            files.push(("airflow/sdk/log.py", "def configure_logging(**kw): pass\n"));
+        }
+        for (path, content) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        root
+    }
+
+    struct Prefork {
+        spawner: TaskSpawner,
+        stop: CancellationToken,
+        dir: tempfile::TempDir,
+    }
+
+    impl Drop for Prefork {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    fn prefork(with_sdk_log: bool) -> Prefork {
+        let dir = tempfile::tempdir().unwrap();
+        let pythonpath = fake_airflow(dir.path(), with_sdk_log);
+        let python = PathBuf::from("python3");
+        let parent = vec![
+            ("PATH".into(), std::env::var_os("PATH").unwrap()),
+            ("PYTHONPATH".into(), pythonpath.into_os_string()),
+            (
+                "AIRFLOW__API_AUTH__JWT_SECRET".into(),
+                "airflow-secret".into(),
+            ),
+        ];
+        let spawner = TaskSpawner::new(
+            settings(&python, dir.path(), LaunchMode::Prefork),
+            parent.into_iter(),
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(spawner.prefork_launcher().unwrap().supervise(stop.clone()));
+        Prefork { spawner, stop, dir }
+    }
+
+    impl Prefork {
+        fn workload(&self, name: &str, sleep: f64, exit: i32) -> serde_json::Value {
+            let record = self.dir.path().join(format!("{name}.record"));
+            serde_json::json!({"record": record, "sleep": sleep, "exit": exit})
+        }
+
+        fn record(&self, name: &str) -> serde_json::Value {
+            let text =
+                std::fs::read_to_string(self.dir.path().join(format!("{name}.record"))).unwrap();
+            serde_json::from_str(&text).unwrap()
+        }
+
+        async fn run(&self, name: &str, sleep: f64, exit: i32) -> (TaskProcess, ExitStatus) {
+            let mut p = self
+                .spawner
+                .spawn(&self.workload(name, sleep, exit))
+                .await
+                .unwrap();
+            let status = match p.wait(&CancellationToken::new()).await.unwrap() {
+                Exit::Finished(s) => s,
+                other => panic!("{other:?}"),
+            };
+            (p, status)
+        }
+    }
+
+    async fn ready(launcher: &PreforkLauncher) {
+        tokio::time::timeout(Duration::from_secs(30), launcher.wait_ready())
+            .await
+            .expect("launcher ready");
+    }
+
+    #[tokio::test]
+    async fn prefork_forks_tasks_from_the_launcher_and_learns_their_exit() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        ready(&launcher).await;
+        let (p, status) = pf.run("ok", 0.0, 0).await;
+        assert!(status.success());
+        let rec = pf.record("ok");
+        assert_eq!(
+            rec["main"], "astro_launcher.py",
+            "forked from the launcher: {rec}"
+        );
+        assert_eq!(rec["pid"], rec["pgid"], "its own process group");
+        assert_eq!(rec["pid"].as_i64(), Some(p.pid() as i64));
+        assert_eq!(
+            rec["ppid"].as_i64(),
+            Some(std::process::id() as i64),
+            "re-parented to the agent"
+        );
+        assert_eq!(
+            rec["secret"],
+            serde_json::Value::Null,
+            "no JWT secret in the launcher's env"
+        );
+        assert!(p.output_tail(1024).contains("fake supervisor running"));
+        let (_, status) = pf.run("fails", 0.0, 3).await;
+        assert_eq!(status.code(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn a_launcher_killed_mid_run_loses_no_task_and_comes_back() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        ready(&launcher).await;
+        let first_pid = launcher.pid();
+        let mut running = pf
+            .spawner
+            .spawn(&pf.workload("long", 1.0, 0))
+            .await
+            .unwrap();
+        nix::sys::signal::kill(Pid::from_raw(first_pid), Signal::SIGKILL).unwrap();
+        // The task outlives its launcher and the agent still learns how it ended.
+        let exit = running.wait(&CancellationToken::new()).await.unwrap();
+        assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+        // Meanwhile or afterwards, tasks still start (fresh or from the new launcher).
+        let (_, status) = pf.run("next", 0.0, 0).await;
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while launcher.pid() == first_pid {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("a new launcher is started");
+        ready(&launcher).await;
+        let (_, status) = pf.run("after", 0.0, 0).await;
+        assert!(status.success());
+        assert_eq!(pf.record("after")["main"], "astro_launcher.py");
+    }
+
+    #[tokio::test]
+    async fn a_launcher_that_cannot_start_falls_back_to_fresh_interpreters() {
+        let pf = prefork(false); // the launcher's imports fail; execute_workload itself works
+        let (_, status) = pf.run("fallback", 0.0, 0).await;
+        assert!(status.success());
+        assert_eq!(pf.record("fallback")["main"], "execute_workload.py");
+    }
+
+    #[tokio::test]
+    async fn prefork_tasks_are_stopped_by_process_group() {
+        let pf = prefork(true);
+        ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        let mut p = pf
+            .spawner
+            .spawn(&pf.workload("stuck", 300.0, 0))
+            .await
+            .unwrap();
+        let kill = CancellationToken::new();
+        kill.cancel();
+        let exit = tokio::time::timeout(Duration::from_secs(15), p.wait(&kill))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(exit, Exit::Killed(_)), "{exit:?}");
+        assert!(gone(p.pid()).await);
+    }
+
+    #[tokio::test]
+    async fn a_claimed_job_is_adopted_not_started_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let claim = dir.path().join("x.claim");
+        assert_eq!(claimed_by(&claim).await.unwrap(), None, "first claim wins");
+        std::fs::write(&claim, "4242").unwrap();
+        let other = dir.path().join("y.claim");
+        std::fs::write(&other, "4242").unwrap();
+        assert_eq!(claimed_by(&other).await.unwrap(), Some(4242));
     }
 }

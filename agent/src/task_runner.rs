@@ -5,7 +5,7 @@ use crate::context::Context;
 use crate::log_shipper::LogShipper;
 use crate::metrics::TaskResult;
 use crate::reporter::{deliver, Delivery};
-use crate::task_process::Exit;
+use crate::task_process::{Exit, LaunchMode};
 use airflow::backoff::Backoff;
 use airflow::edge_types::{EdgeJob, JobState};
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
     let log_path = job.log_path().map(|p| ctx.config.log_folder.join(p));
     let mut shipper = LogShipper::new(log_path);
 
-    let result = match ctx.launcher.spawn(&job.command) {
+    let result = match ctx.spawner.spawn(&job.command).await {
         Err(e) => {
             tracing::error!(task = %key, error = %e, "could not start the task process");
             shipper.append_note(&format!(
@@ -40,7 +40,12 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
             TaskResult::StartFailed
         }
         Ok(mut process) => {
-            tracing::info!(task = %key, pid = process.pid(), slots = slots.num_permits(), "task started");
+            let mode = match process.launched_by() {
+                LaunchMode::Prefork => "prefork",
+                LaunchMode::Fresh => "fresh",
+            };
+            ctx.metrics.task_launches.with_label_values(&[mode]).inc();
+            tracing::info!(task = %key, pid = process.pid(), mode, slots = slots.num_permits(), "task started");
             let mut report_running = std::pin::pin!(deliver(
                 &ctx.edge,
                 &key,

@@ -327,6 +327,8 @@ pub async fn start_agent(fake: &FakeAirflow, dir: &Path, extra: &[&str]) -> Agen
         .env("ASTRO_AGENT_HEARTBEAT_INTERVAL", "1s")
         .env("ASTRO_AGENT_IDLE_FETCH_INTERVAL", "200ms")
         .env("ASTRO_AGENT_PYTHON", &python)
+        // The fake supervisor is a shell script; the pre-fork launcher has tests of its own.
+        .env("ASTRO_AGENT_LAUNCH_MODE", "fresh")
         .env("ASTRO_AGENT_JWT_SECRET", SECRET)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())

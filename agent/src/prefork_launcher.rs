@@ -1,0 +1,246 @@
+//! The agent's side of the pre-forked Python launcher (`agent/python/astro_launcher.py`).
+//!
+//! A fresh interpreter per task spends seconds importing Airflow before the task starts. The
+//! launcher pays that once; each task is then a fork. The agent keeps the truth about tasks:
+//! the launcher only reports a task's pid, the agent waits for the task itself (see
+//! [`crate::reaper`]). A launcher that dies or stops answering is killed and restarted with
+//! backoff, and until it is ready again tasks start in fresh interpreters.
+
+use airflow::backoff::Backoff;
+use serde_json::{json, Value};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{ChildStdin, ChildStdout, Command};
+use tokio::sync::{watch, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// The launcher's source, written next to the workload files at start-up, so the agent binary
+/// is all there is to install.
+const SCRIPT: &str = include_str!("../python/astro_launcher.py");
+/// Importing Airflow can take tens of seconds on a busy node.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// A fork takes milliseconds; a launcher this slow to answer is hung.
+const LAUNCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// A launcher that lived this long is considered healthy again (its restart backoff resets).
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// What to start a task with, as the launcher needs it.
+pub struct LaunchRequest<'a> {
+    pub id: &'a str,
+    pub workload: &'a Path,
+    pub output: &'a Path,
+    pub claim: &'a Path,
+}
+
+pub struct PreforkLauncher {
+    python: PathBuf,
+    script: PathBuf,
+    env: Vec<(OsString, OsString)>,
+    /// The pipes of the launcher that is ready; `None` while there is none.
+    channel: Mutex<Option<(ChildStdin, ChildStdout)>>,
+    pid: AtomicI32,
+    state: watch::Sender<State>,
+}
+
+/// Whether a launcher can take requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Not tried yet.
+    Starting,
+    Ready,
+    Down,
+}
+
+impl PreforkLauncher {
+    pub fn new(
+        python: &Path,
+        work_dir: &Path,
+        env: Vec<(OsString, OsString)>,
+    ) -> std::io::Result<Arc<Self>> {
+        let script = work_dir.join("astro_launcher.py");
+        std::fs::write(&script, SCRIPT)?;
+        Ok(Arc::new(PreforkLauncher {
+            python: python.to_path_buf(),
+            script,
+            env,
+            channel: Mutex::new(None),
+            pid: AtomicI32::new(0),
+            state: watch::channel(State::Starting).0,
+        }))
+    }
+
+    /// Keeps a launcher running until `stop`: start, wait for ready, watch, restart.
+    pub async fn supervise(self: Arc<Self>, stop: CancellationToken) {
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        loop {
+            let started = Instant::now();
+            match self.start().await {
+                Ok(mut child) => {
+                    tracing::info!(pid = child.id(), took = ?started.elapsed(), "task launcher ready");
+                    tokio::select! {
+                        status = child.wait() => {
+                            tracing::warn!(?status, "task launcher exited; tasks start in fresh interpreters until it is back");
+                        }
+                        _ = stop.cancelled() => {
+                            // Closing its stdin ends it; running tasks are not its children.
+                            self.take_channel().await;
+                            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                            return;
+                        }
+                    }
+                    self.take_channel().await;
+                    if started.elapsed() > HEALTHY_AFTER {
+                        backoff.reset();
+                    }
+                }
+                Err(e) => {
+                    self.state.send_replace(State::Down);
+                    tracing::warn!(error = %e, "task launcher did not start; tasks start in fresh interpreters");
+                }
+            }
+            let delay = backoff.next_delay();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    async fn start(&self) -> std::io::Result<tokio::process::Child> {
+        let mut child = Command::new(&self.python)
+            .arg(&self.script)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // Its own group: a Ctrl-C in the agent's terminal is the agent's to handle.
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().unwrap_or(0) as i32;
+        let mut stdin = child.stdin.take().expect("piped");
+        let mut stdout = child.stdout.take().expect("piped");
+        let ready = tokio::time::timeout(READY_TIMEOUT, read_message(&mut stdout)).await;
+        match ready {
+            Ok(Ok(message)) if message["ready"] == json!(true) => {}
+            other => {
+                let _ = child.start_kill();
+                let _ = stdin.shutdown().await;
+                return Err(std::io::Error::other(format!(
+                    "no ready message: {other:?}"
+                )));
+            }
+        }
+        self.pid.store(pid, Ordering::Release);
+        *self.channel.lock().await = Some((stdin, stdout));
+        self.state.send_replace(State::Ready);
+        Ok(child)
+    }
+
+    async fn take_channel(&self) {
+        self.channel.lock().await.take();
+        self.state.send_replace(State::Down);
+    }
+
+    /// The launcher's pid while one runs (0 before the first start).
+    #[cfg(test)]
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Ordering::Acquire)
+    }
+
+    /// Waits until a launcher is ready to take requests.
+    #[cfg(test)]
+    pub async fn wait_ready(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx.wait_for(|s| *s == State::Ready).await;
+    }
+
+    /// Waits until the first launcher is ready or has failed to start.
+    pub async fn wait_first_start(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx.wait_for(|s| *s != State::Starting).await;
+    }
+
+    /// Asks the launcher to start a task; its pid, or why not. Any failure other than the
+    /// launcher's own "could not fork" answer leaves the launcher killed, to be restarted.
+    pub async fn launch(&self, request: &LaunchRequest<'_>) -> Result<i32, String> {
+        let mut guard = self.channel.lock().await;
+        let Some((stdin, stdout)) = guard.as_mut() else {
+            return Err("the launcher is not ready".into());
+        };
+        let message = json!({
+            "id": request.id,
+            "workload": request.workload,
+            "output": request.output,
+            "claim": request.claim,
+        });
+        let exchange = async {
+            write_message(stdin, &message).await?;
+            read_message(stdout).await
+        };
+        let answer = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange).await {
+            Ok(Ok(answer)) => answer,
+            failed => {
+                guard.take();
+                self.state.send_replace(State::Down);
+                self.kill();
+                return Err(match failed {
+                    Ok(Err(e)) => format!("the launcher's pipe broke: {e}"),
+                    _ => format!("the launcher did not answer within {LAUNCH_TIMEOUT:?}"),
+                });
+            }
+        };
+        match (
+            answer["id"].as_str(),
+            answer["pid"].as_i64(),
+            answer["error"].as_str(),
+        ) {
+            (Some(id), Some(pid), _) if id == request.id && pid > 0 => Ok(pid as i32),
+            (_, _, Some(error)) => Err(format!("the launcher could not start the task: {error}")),
+            _ => {
+                guard.take();
+                self.state.send_replace(State::Down);
+                self.kill();
+                Err(format!("the launcher answered out of protocol: {answer}"))
+            }
+        }
+    }
+
+    fn kill(&self) {
+        let pid = self.pid.load(Ordering::Acquire);
+        if pid > 0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+async fn write_message(stdin: &mut ChildStdin, message: &Value) -> std::io::Result<()> {
+    let body = serde_json::to_vec(message)?;
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    stdin.write_all(&frame).await?;
+    stdin.flush().await
+}
+
+async fn read_message(stdout: &mut ChildStdout) -> std::io::Result<Value> {
+    let mut header = [0u8; 4];
+    stdout.read_exact(&mut header).await?;
+    let len = u32::from_be_bytes(header) as usize;
+    if len > 1024 * 1024 {
+        return Err(std::io::Error::other(format!(
+            "a {len}-byte message is out of protocol"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    stdout.read_exact(&mut body).await?;
+    serde_json::from_slice(&body).map_err(std::io::Error::other)
+}
