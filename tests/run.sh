@@ -25,6 +25,9 @@ bash tests/lib/prerequisites.sh
 # One target folder per toolchain, outside the clone, so a fresh clone reuses built deps.
 toolchain="$(rustc -V | sha256sum | cut -c1-12)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ASTRO_CACHE_DIR/cargo-target-$toolchain}"
+# The binaries every later stage tests (none of them skips for want of a build).
+export ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"
+export ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
 
 if want rust; then
   step "cargo fmt --check"
@@ -37,6 +40,10 @@ if want rust; then
   cargo build --workspace --release
 fi
 
+if ! want rust && { want chart || want e2e; }; then
+  cargo build --workspace --release  # a no-op when up to date
+fi
+
 if want chart; then
   step "chart tests"
   bash tests/chart/run.sh
@@ -44,7 +51,6 @@ fi
 
 if want e2e; then
   step "end-to-end tests against a real Airflow"
-  [ -x "$CARGO_TARGET_DIR/release/astro-agent" ] || cargo build --workspace --release
   tools="$(bash tests/e2e/venvs.sh tools)"
   "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/e2e
 fi

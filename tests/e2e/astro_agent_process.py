@@ -42,6 +42,8 @@ class AstroAgent:
         extra_args: Sequence[str] = (),
         queue_stats: bool = True,
         heartbeat_interval: str = "2s",
+        launch_mode: str = "prefork",
+        python: Path | None = None,
     ):
         self.stack = stack
         self.name = name
@@ -56,7 +58,8 @@ class AstroAgent:
             "--queues", ",".join(self.queues),
             "--sync-slots", str(sync_slots),
             "--listen", f"127.0.0.1:{self.port}",
-            "--python", str(stack.python),
+            "--python", str(python or stack.python),
+            "--launch-mode", launch_mode,
             "--log-folder", str(stack.worker_log_folder(name)),
             "--heartbeat-interval", heartbeat_interval,
             *extra_args,
@@ -115,6 +118,22 @@ class AstroAgent:
             if have == want:
                 return float(m.group(3))
         return None
+
+    def launcher_pids(self) -> list[int]:
+        """PIDs of this agent's pre-forked launcher processes (children running the script)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == self.daemon.pid and b"astro_launcher.py" in cmdline:
+                pids.append(int(entry.name))
+        return pids
 
     def send_signal(self, sig: int) -> None:
         self.daemon.send_signal(sig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from datetime import datetime
@@ -55,9 +56,13 @@ def max_concurrency(task_instances: list[dict]) -> int:
     return peak
 
 
-def test_two_agents_run_40_tasks_within_their_slots_and_ship_logs(airflow, trigger_dag, astro_agent):
-    astro_agent("agent-a", sync_slots=4)
-    astro_agent("agent-b", sync_slots=4)
+LAUNCH_MODES = pytest.mark.parametrize("mode", ["prefork", "fresh"])
+
+
+@LAUNCH_MODES
+def test_two_agents_run_40_tasks_within_their_slots_and_ship_logs(airflow, trigger_dag, astro_agent, mode):
+    a = astro_agent("agent-a", sync_slots=4, launch_mode=mode)
+    b = astro_agent("agent-b", sync_slots=4, launch_mode=mode)
     run = trigger_dag("e2e_short_40")
     state = airflow.client.wait_run("e2e_short_40", run, timeout=300)
     tis = airflow.client.task_instances("e2e_short_40", run)
@@ -78,9 +83,13 @@ def test_two_agents_run_40_tasks_within_their_slots_and_ship_logs(airflow, trigg
         text = airflow.client.task_log_text("e2e_short_40", run, ti["task_id"])
         assert f"{MARKER} dag=e2e_short_40 task={ti['task_id']}" in text, text[-2000:]
 
+    launches = sum(agent.gauge("astro_agent_task_launches_total", mode=mode) or 0 for agent in (a, b))
+    assert launches == 40, f"all 40 tasks started in {mode} mode"
 
-def test_sigterm_drains_running_tasks_and_reports_offline(airflow, trigger_dag, astro_agent):
-    agent = astro_agent("agent-drain", sync_slots=4)
+
+@LAUNCH_MODES
+def test_sigterm_drains_running_tasks_and_reports_offline(airflow, trigger_dag, astro_agent, mode):
+    agent = astro_agent("agent-drain", sync_slots=4, launch_mode=mode)
     run = trigger_dag("e2e_long_8")
     client = airflow.client
 
@@ -123,3 +132,73 @@ def test_queue_stats_equal_airflows_counts(airflow, trigger_dag, astro_agent):
     want, have = wait_for(in_step, 60, "queue stats equal to Airflow's counts", interval=0.5)
     assert want["queued"] >= 6 and want["running"] >= 2
     assert agent.gauge("astro_agent_slots_in_use") == 2.0
+
+
+def test_a_launcher_killed_mid_run_loses_no_task(airflow, trigger_dag, astro_agent):
+    agent = astro_agent("agent-relaunch", sync_slots=4)
+    launcher = wait_for(agent.launcher_pids, 30, "the task launcher", interval=0.2)[0]
+    run = trigger_dag("e2e_short_40")
+    client = airflow.client
+    wait_for(
+        lambda: client.count(states=["running"], dag_id="e2e_short_40", run_id=run) > 0,
+        120,
+        "first tasks running",
+        interval=0.2,
+    )
+    os.kill(launcher, signal.SIGKILL)
+    assert client.wait_run("e2e_short_40", run, timeout=400) == "success"
+    states = {ti["state"] for ti in client.task_instances("e2e_short_40", run)}
+    assert states == {"success"}, states
+    log = agent.log()
+    assert "task launcher exited" in log, log
+    assert wait_for(lambda: [p for p in agent.launcher_pids() if p != launcher], 60, "a new launcher", interval=0.5)
+
+
+def test_a_launcher_that_cannot_start_falls_back_to_fresh_interpreters(airflow, trigger_dag, astro_agent, tmp_path):
+    # A "python" that refuses to run the launcher script and runs everything else.
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in *astro_launcher.py) echo "launcher refused by the test" >&2; exit 1;; esac\n'
+        f'exec {airflow.python} "$@"\n'
+    )
+    python.chmod(0o755)
+    agent = astro_agent("agent-fallback", sync_slots=4, python=python)
+    run = trigger_dag("e2e_mapped_4")
+    assert airflow.client.wait_run("e2e_mapped_4", run, timeout=300) == "success"
+    assert "task launcher did not start; tasks start in fresh interpreters" in agent.log()
+    tis = airflow.client.task_instances("e2e_mapped_4", run)
+    assert agent.gauge("astro_agent_task_launches_total", mode="fresh") == len(tis)
+
+
+def test_airflow_admin_actions_reach_the_agent(airflow, trigger_dag, astro_agent):
+    """Concurrency, maintenance and shutdown set in Airflow's UI API take effect."""
+    name = "agent-admin"
+    agent = astro_agent(name, sync_slots=4)
+    client = airflow.client
+
+    client.set_worker_concurrency(name, 2)
+    wait_for(lambda: agent.gauge("astro_agent_slots") == 2.0, 30, "slots to follow Airflow's concurrency", interval=0.2)
+
+    client.request_maintenance(name)
+    wait_for(lambda: client.edge_worker(name)["state"] == "maintenance mode", 30, "maintenance mode", interval=0.5)
+    run = trigger_dag("e2e_mapped_4")
+    wait_for(lambda: client.count(states=["queued"], dag_id="e2e_mapped_4", run_id=run) == 4, 60, "tasks queued")
+    fetches_before = agent.gauge("astro_agent_edge_api_request_duration_seconds_count", call="fetch") or 0
+    # Two heartbeats later the agent has still fetched nothing.
+    beats = agent.gauge("astro_agent_edge_api_request_duration_seconds_count", call="heartbeat")
+    wait_for(
+        lambda: agent.gauge("astro_agent_edge_api_request_duration_seconds_count", call="heartbeat") >= beats + 2,
+        30,
+        "two more heartbeats",
+        interval=0.5,
+    )
+    assert (agent.gauge("astro_agent_edge_api_request_duration_seconds_count", call="fetch") or 0) == fetches_before
+    assert client.count(states=["running", "success"], dag_id="e2e_mapped_4", run_id=run) == 0
+
+    client.exit_maintenance(name)
+    assert client.wait_run("e2e_mapped_4", run, timeout=300) == "success"
+
+    client.request_shutdown(name)
+    assert agent.wait(timeout=60) == 0
+    assert client.edge_worker(name)["state"] == "offline"
