@@ -64,6 +64,21 @@ async fn beat(ctx: &Context) -> bool {
             ctx.drain.cancel();
             true
         }
+        Err(e) if e.status() == Some(404) => {
+            // An admin deleted this worker in Airflow's UI while it ran: register again, so
+            // that its running jobs can still be reported and new ones fetched.
+            tracing::warn!(error = %e, "Airflow no longer knows this worker; registering again");
+            let body = ctx
+                .status
+                .body(state, jobs, ctx.slots.total(), ctx.slots.free());
+            match ctx.edge.register(&ctx.config.worker_name, &body).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "registering again failed");
+                    false
+                }
+            }
+        }
         Err(e) => {
             tracing::warn!(error = %e, "heartbeat failed");
             false

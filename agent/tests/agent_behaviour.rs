@@ -240,6 +240,28 @@ async fn a_shutdown_request_from_airflow_drains() {
     });
 }
 
+#[tokio::test]
+async fn a_worker_deleted_in_airflow_registers_again() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = start_agent(&fake, dir.path(), &[]).await;
+    agent
+        .until(&fake, "registered and beating", T, |s| {
+            !s.heartbeats.is_empty()
+        })
+        .await;
+    fake.with(|s| s.forget_worker = 1);
+    agent
+        .until(&fake, "a second registration", T, |s| s.registers == 2)
+        .await;
+    fake.add_job("after", 0.1, 0);
+    agent
+        .until(&fake, "the next job runs", T, |s| s.finished.len() == 1)
+        .await;
+    agent.signal(Signal::SIGTERM);
+    assert_eq!(agent.exit_code(T).await, 0);
+}
+
 #[test]
 fn invalid_configuration_exits_2_with_one_line_naming_the_flag() {
     let bin = env!("CARGO_BIN_EXE_astro-agent");

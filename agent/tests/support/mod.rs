@@ -51,6 +51,8 @@ pub struct State {
     pub malformed_fetches: u32,
     pub fail_states: u32,
     pub heartbeat_answer_state: Option<String>,
+    /// Answer the next heartbeats 404, as for a worker an admin deleted.
+    pub forget_worker: u32,
 }
 
 #[derive(Clone)]
@@ -168,6 +170,10 @@ impl FakeAirflow {
                             json!({"last_update": null, "versions_match": true}),
                         )
                     }
+                }
+                ("PATCH", ["worker", _]) if s.forget_worker > 0 => {
+                    s.forget_worker -= 1;
+                    reply(StatusCode::NOT_FOUND, json!({"detail": "Worker not found"}))
                 }
                 ("PATCH", ["worker", _]) => {
                     let state = body["state"].as_str().unwrap_or("?").to_string();
