@@ -201,7 +201,7 @@ impl FakeKubernetes {
         .await
     }
 
-    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    pub async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         if req.method() != hyper::Method::POST
             || req.uri().path() != "/apis/authentication.k8s.io/v1/tokenreviews"
         {

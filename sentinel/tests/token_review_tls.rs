@@ -1,0 +1,183 @@
+//! TokenReview over HTTPS as in a cluster: the API server's certificate must chain to the
+//! configured CA file (and only to it), as with the in-cluster `ca.crt`.
+
+mod common;
+
+use astro_sentinel::settings::KubernetesAccess;
+use common::*;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, made with the openssl CLI.
+fn certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = dir.join(format!("{name}-ca.key"));
+    let ca = dir.join(format!("{name}-ca.crt"));
+    let key = dir.join(format!("{name}-server.key"));
+    let csr = dir.join(format!("{name}-server.csr"));
+    let crt = dir.join(format!("{name}-server.crt"));
+    let ext = dir.join(format!("{name}-server.ext"));
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().expect(
+            "the openssl CLI is needed to make test certificates (apt-get install openssl)",
+        );
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let p = |p: &PathBuf| p.to_str().unwrap().to_string();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        &p(&ca_key),
+        "-out",
+        &p(&ca),
+        "-days",
+        "2",
+        "-subj",
+        &format!("/CN={name}-ca"),
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        &p(&key),
+        "-out",
+        &p(&csr),
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &p(&csr),
+        "-CA",
+        &p(&ca),
+        "-CAkey",
+        &p(&ca_key),
+        "-CAcreateserial",
+        "-out",
+        &p(&crt),
+        "-days",
+        "2",
+        "-extfile",
+        &p(&ext),
+    ]);
+    (ca, crt, key)
+}
+
+/// Serves the fake Kubernetes API over TLS with `crt`/`key`.
+async fn serve_tls(
+    fake: Arc<FakeKubernetes>,
+    crt: &Path,
+    key: &Path,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(crt)
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let fake = fake.clone();
+            tokio::spawn(async move {
+                // A client that distrusts the certificate aborts the handshake here.
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let svc = service_fn(move |req| {
+                    let fake = fake.clone();
+                    async move { Ok::<_, std::convert::Infallible>(fake.answer(req).await) }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_review_over_https_trusts_the_configured_ca_only() {
+    let dir = TempDir::new("tls");
+    let (cluster_ca, crt, key) = certificates(&dir.0, "cluster");
+    let (other_ca, _, _) = certificates(&dir.0, "other");
+    let fake = FakeKubernetes::new("own-token");
+    fake.users
+        .lock()
+        .unwrap()
+        .insert("keda-token".into(), "system:serviceaccount:keda:k".into());
+    let (kube_addr, kube_task) = serve_tls(fake.clone(), &crt, &key).await;
+    let (airflow, airflow_server) = fake_airflow().await;
+    airflow.set("q", 4, 0);
+    let token_file = dir.file("own-token", "own-token\n");
+    let yaml = "refreshInterval: 100ms\nauth:\n  tokenReview: {allowedUsernames: [\"system:serviceaccount:keda:k\"]}\nworkers:\n  - {name: w, queues: [q]}\n";
+
+    for (ca, expected) in [(&cluster_ca, 200), (&other_ca, 503)] {
+        let access = KubernetesAccess {
+            api_url: url::Url::parse(&format!("https://{kube_addr}")).unwrap(),
+            token_file: token_file.clone(),
+            ca_file: ca.clone(),
+        };
+        let sentinel = start_against(airflow_server.addr, yaml, Some(access)).await;
+        let addr = sentinel.addr();
+        eventually(Duration::from_secs(5), "ready", || async {
+            (keda_get(addr, "/readyz", None).await.status == 200).then_some(())
+        })
+        .await;
+        let a = keda_get(addr, "/v1/workers/w", Some("keda-token")).await;
+        assert_eq!(a.status, expected, "CA {}: {}", ca.display(), a.body);
+        sentinel.stop().await;
+    }
+    assert_eq!(
+        fake.reviews(),
+        1,
+        "only the trusted connection reached the API server"
+    );
+    kube_task.abort();
+}
