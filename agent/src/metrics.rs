@@ -171,6 +171,19 @@ impl Metrics {
                 .expect("metric names are unique");
         }
         heartbeat_age.set(-1.0);
+        // Every result exists from the start at 0, so that an alert on the first kill (often
+        // just before the pod exits) sees an increase rather than a brand-new series.
+        for result in [
+            TaskResult::Success,
+            TaskResult::Failed,
+            TaskResult::Killed,
+            TaskResult::StartFailed,
+        ] {
+            tasks_finished.with_label_values(&[result.label()]);
+        }
+        for mode in ["prefork", "fresh"] {
+            task_launches.with_label_values(&[mode]);
+        }
         Metrics {
             registry,
             queue_stats,
@@ -256,6 +269,7 @@ mod tests {
         );
         assert!(text.contains("astro_agent_build_info{version="));
         assert!(text.contains("astro_agent_heartbeat_age_seconds -1"));
+        assert!(text.contains("astro_agent_tasks_finished_total{result=\"killed\"} 0"));
     }
 
     #[test]

@@ -64,7 +64,7 @@ def test_two_agents_run_40_tasks_within_their_slots_and_ship_logs(airflow, trigg
     a = astro_agent("agent-a", sync_slots=4, launch_mode=mode)
     b = astro_agent("agent-b", sync_slots=4, launch_mode=mode)
     run = trigger_dag("e2e_short_40")
-    state = airflow.client.wait_run("e2e_short_40", run, timeout=300)
+    state = airflow.client.wait_run("e2e_short_40", run, timeout=900)
     tis = airflow.client.task_instances("e2e_short_40", run)
     assert len(tis) == 40
     assert {ti["state"] for ti in tis} == {"success"}, [(t["task_id"], t["state"]) for t in tis if t["state"] != "success"]
@@ -98,12 +98,12 @@ def test_sigterm_drains_running_tasks_and_reports_offline(airflow, trigger_dag, 
         mine = [t for t in tis if t["state"] == "running" and t["hostname"] == "agent-drain"]
         return mine if len(mine) == 4 else None
 
-    running = wait_for(running_here, 120, "4 tasks running on agent-drain", interval=0.5)
+    running = wait_for(running_here, 300, "4 tasks running on agent-drain", interval=0.5)
     running_ids = {t["task_id"] for t in running}
 
     agent.send_signal(signal.SIGTERM)
     wait_for(lambda: agent.status("/readyz") == 503, 10, "readyz to turn 503 during the drain", interval=0.1)
-    code = agent.wait(timeout=120)
+    code = agent.wait(timeout=300)
     assert code == 0, agent.log()
 
     tis = {t["task_id"]: t for t in client.task_instances("e2e_long_8", run)}
@@ -146,7 +146,7 @@ def test_a_launcher_killed_mid_run_loses_no_task(airflow, trigger_dag, astro_age
         interval=0.2,
     )
     os.kill(launcher, signal.SIGKILL)
-    assert client.wait_run("e2e_short_40", run, timeout=400) == "success"
+    assert client.wait_run("e2e_short_40", run, timeout=900) == "success"
     states = {ti["state"] for ti in client.task_instances("e2e_short_40", run)}
     assert states == {"success"}, states
     log = agent.log()
@@ -165,7 +165,7 @@ def test_a_launcher_that_cannot_start_falls_back_to_fresh_interpreters(airflow, 
     python.chmod(0o755)
     agent = astro_agent("agent-fallback", sync_slots=4, python=python)
     run = trigger_dag("e2e_mapped_4")
-    assert airflow.client.wait_run("e2e_mapped_4", run, timeout=300) == "success"
+    assert airflow.client.wait_run("e2e_mapped_4", run, timeout=600) == "success"
     assert "task launcher did not start; tasks start in fresh interpreters" in agent.log()
     tis = airflow.client.task_instances("e2e_mapped_4", run)
     assert agent.gauge("astro_agent_task_launches_total", mode="fresh") == len(tis)
@@ -197,7 +197,7 @@ def test_airflow_admin_actions_reach_the_agent(airflow, trigger_dag, astro_agent
     assert client.count(states=["running", "success"], dag_id="e2e_mapped_4", run_id=run) == 0
 
     client.exit_maintenance(name)
-    assert client.wait_run("e2e_mapped_4", run, timeout=300) == "success"
+    assert client.wait_run("e2e_mapped_4", run, timeout=600) == "success"
 
     client.request_shutdown(name)
     assert agent.wait(timeout=60) == 0
