@@ -1,0 +1,301 @@
+"""astro-sentinel benchmark (run through run.sh, which installs wrk and builds the binary).
+
+Measures, with 200 configured workers over 50 queues and static-token auth on:
+* cached ``GET /v1/workers/{name}`` throughput and latency percentiles (wrk on loopback, a Lua
+  script rotating worker names and sending the bearer token);
+* the Sentinel's RSS (current and peak);
+* upstream cost per refresh for each source, under load and idle: REST requests
+  (airflow-api) or SQL queries (postgres), from the Sentinel's own metrics and, as a cross-check,
+  from the upstream itself (the fake API's request count; PostgreSQL's scan count of
+  task_instance).
+
+Upstreams are stand-ins so that this runs without Airflow: a tiny Python HTTP server that
+answers ``total_entries`` (fake_airflow.py) and a private PostgreSQL cluster holding a minimal
+``task_instance`` table. Every process is started here, recorded by PID and stopped on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+
+from postgres import PostgresCluster  # noqa: E402  (stdlib-only helpers of the e2e harness)
+from procs import Daemon, free_port, wait_for  # noqa: E402
+
+WORKERS = 200
+QUEUES = 50
+REFRESH_S = 2
+DURATION = int(os.environ.get("BENCH_DURATION", "10"))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "16"))
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+TARGETS = {"rps": 20_000, "p99_ms": 5.0, "rss_mb": 30.0}
+
+WRK_LUA = r"""
+local n = 0
+local workers = tonumber(os.getenv("BENCH_WORKERS"))
+local headers = { ["Authorization"] = "Bearer " .. os.getenv("BENCH_TOKEN") }
+request = function()
+  local path = string.format("/v1/workers/astro-worker-%03d", n % workers)
+  n = n + 1
+  return wrk.format("GET", path, headers)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "RESULT requests=%d duration_us=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d bad_status=%d socket_errors=%d\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max, e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+def http_get(url: str, token: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def metric(text: str, name: str) -> float:
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    if not found:
+        raise AssertionError(f"{name} not in metrics")
+    return total
+
+
+class Sentinel:
+    def __init__(self, work: Path, name: str, source: dict, env: dict[str, str], token: str):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        folder = work / name
+        folder.mkdir()
+        (folder / "tokens").write_text(token + "\n")
+        workers = [
+            {"name": f"astro-worker-{i:03d}", "queues": [f"queue-{i % QUEUES:02d}"],
+             "syncSlots": 16, "minReplicas": 0, "maxReplicas": 20}
+            for i in range(WORKERS)
+        ]
+        config = {"refreshInterval": f"{REFRESH_S}s", "stalenessLimit": "30s", "source": source,
+                  "auth": {"staticTokensFile": str(folder / "tokens")}, "workers": workers}
+        (folder / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("ASTRO_SENTINEL_")}
+        self.daemon = Daemon(name, [os.environ["ASTRO_SENTINEL_BIN"], "--config", str(folder / "config.yaml"),
+                                    "--listen", f"127.0.0.1:{self.port}"],
+                             {**clean, "RUST_LOG": "warn", **env}, folder / "sentinel.log")
+
+    def start(self) -> "Sentinel":
+        self.daemon.start()
+        wait_for(lambda: self.daemon.check_alive() or http_get(f"{self.base}/readyz")[0] == 200, 30,
+                 f"{self.daemon.name} ready", on_timeout=self.daemon.tail)
+        return self
+
+    def metrics(self) -> str:
+        return http_get(f"{self.base}/metrics")[1]
+
+    def rss_mb(self) -> tuple[float, float]:
+        status = Path(f"/proc/{self.daemon.pid}/status").read_text()
+        kb = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.*)$", status, re.M)}
+        return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
+
+
+def run_wrk(base: str, token: str, lua: Path, duration: int) -> dict[str, float]:
+    env = dict(os.environ, BENCH_TOKEN=token, BENCH_WORKERS=str(WORKERS))
+    out = subprocess.run(
+        ["wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{duration}s", "-s", str(lua), f"{base}/"],
+        env=env, check=True, capture_output=True, text=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("RESULT "))
+    r = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+def upstream_window(s: Sentinel, seconds: float, load, upstream_count) -> dict[str, float]:
+    """Refreshes, upstream calls (Sentinel's count and the upstream's), and KEDA-style
+    requests served over a window, with or without load."""
+    m0, u0 = s.metrics(), upstream_count()
+    if load:
+        load()
+    else:
+        time.sleep(seconds)  # the measurement is "what happens in this much idle time"
+    m1, u1 = s.metrics(), upstream_count()
+    d = lambda name: metric(m1, name) - metric(m0, name)  # noqa: E731
+    refreshes = d("astro_sentinel_refreshes_total")
+    return {
+        "refreshes": refreshes,
+        "per_refresh": d("astro_sentinel_upstream_requests_total") / max(refreshes, 1),
+        "seen_upstream_per_refresh": (u1 - u0) / max(refreshes, 1),
+        "served": d("astro_sentinel_http_requests_total"),
+    }
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="astro-sentinel-bench-"))
+    os.chmod(work, 0o711)  # the postgres user must reach work/pg
+    daemons: list[Daemon] = []
+    pg: PostgresCluster | None = None
+    token = secrets.token_urlsafe(32)
+    lua = work / "rotate.lua"
+    lua.write_text(WRK_LUA)
+    failures = []
+    try:
+        load_before = f"{os.getloadavg()[0]:.1f}"
+        print("astro-sentinel benchmark")
+        print(f"  {WORKERS} workers over {QUEUES} queues, refresh {REFRESH_S}s, static-token auth on, "
+              f"wrk -t{THREADS} -c{CONNECTIONS} on loopback, {os.cpu_count()} CPUs")
+        print("  upstreams are stand-ins, not a real Airflow: a fake REST API (fake_airflow.py) and a "
+              "private PostgreSQL with a minimal task_instance table")
+
+        # ---- airflow-api source against the fake REST API -------------------------------
+        port_file = work / "fake.port"
+        fake = Daemon("fake-airflow", [sys.executable, str(HERE / "fake_airflow.py"), str(port_file)],
+                      dict(os.environ), work / "fake.log").start()
+        daemons.append(fake)
+        wait_for(lambda: fake.check_alive() or (port_file.exists() and port_file.read_text()), 10, "fake API")
+        fake_url = f"http://127.0.0.1:{port_file.read_text()}"
+        fake_count = lambda: json.loads(http_get(f"{fake_url}/requests")[1])["requests"]  # noqa: E731
+
+        s = Sentinel(work, "sentinel-airflow-api", {"type": "airflow-api", "airflowApi": {"url": fake_url}},
+                     {"ASTRO_SENTINEL_AIRFLOW_TOKEN": "fake"}, token).start()
+        daemons.append(s.daemon)
+        status, body = http_get(f"{s.base}/v1/workers/astro-worker-007", token)
+        assert status == 200, body
+        assert http_get(f"{s.base}/v1/workers/astro-worker-007")[0] == 401
+
+        run_wrk(s.base, token, lua, 3)  # warm-up
+        runs: list[dict[str, float]] = []
+
+        def load():
+            for _ in range(RUNS):
+                runs.append(run_wrk(s.base, token, lua, DURATION))
+
+        loaded = upstream_window(s, DURATION, load, fake_count)
+        rss, peak = s.rss_mb()
+        idle = upstream_window(s, DURATION, None, fake_count)
+        print(f"\ncached GET /v1/workers/{{name}} (airflow-api source), {RUNS} runs of {DURATION}s; "
+              f"load average before: {load_before}, after: {os.getloadavg()[0]:.1f}")
+        for i, r in enumerate(runs, 1):
+            print(f"  run {i}: {r['rps']:>9,.0f} requests/s, p50 {r['p50_us'] / 1000:.3f} ms, "
+                  f"p99 {r['p99_us'] / 1000:.3f} ms")
+        result = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]  # the median run
+        print("  median run:")
+        print(f"  throughput   {result['rps']:>10,.0f} requests/s   (target >= {TARGETS['rps']:,})")
+        print(f"  latency      p50 {result['p50_us'] / 1000:.3f} ms, p90 {result['p90_us'] / 1000:.3f} ms, "
+              f"p99 {result['p99_us'] / 1000:.3f} ms, max {result['max_us'] / 1000:.3f} ms   "
+              f"(target p99 <= {TARGETS['p99_ms']} ms)")
+        bad = sum(r["bad_status"] for r in runs)
+        sock = sum(r["socket_errors"] for r in runs)
+        print(f"  errors       {bad:.0f} non-2xx, {sock:.0f} socket errors (all runs)")
+        print(f"  sentinel RSS {rss:.1f} MB now, {peak:.1f} MB peak   (target <= {TARGETS['rss_mb']:.0f} MB)")
+        print("\nupstream cost, airflow-api source (REST requests per refresh; 2 per distinct queue expected)")
+        for label, w in (("under load", loaded), ("idle", idle)):
+            print(f"  {label:<11} {w['per_refresh']:6.1f} per refresh (fake API saw {w['seen_upstream_per_refresh']:.1f}), "
+                  f"{w['refreshes']:.0f} refreshes, {w['served']:,.0f} HTTP requests served")
+        if result["rps"] < TARGETS["rps"]:
+            failures.append(f"throughput {result['rps']:.0f} < {TARGETS['rps']}")
+        if result["p99_us"] / 1000 > TARGETS["p99_ms"]:
+            failures.append(f"p99 {result['p99_us'] / 1000:.2f} ms > {TARGETS['p99_ms']} ms")
+        if peak > TARGETS["rss_mb"]:
+            failures.append(f"peak RSS {peak:.1f} MB > {TARGETS['rss_mb']} MB")
+        if bad or sock:
+            failures.append("wrk saw errors")
+        for w in (loaded, idle):
+            if abs(w["per_refresh"] - 2 * QUEUES) > 2 * QUEUES * 0.1:
+                failures.append(f"airflow-api: {w['per_refresh']:.1f} requests per refresh, expected {2 * QUEUES}")
+        s.daemon.stop()
+
+        if shutil.which("promtool"):
+            check = subprocess.run(["promtool", "check", "metrics"], input=s_metrics_text(work, s, fake_url, token),
+                                   capture_output=True, text=True)
+            print(f"\npromtool check metrics: {'clean' if check.returncode == 0 else check.stdout + check.stderr}")
+            if check.returncode != 0:
+                failures.append("promtool check metrics")
+
+        # ---- postgres source against a private cluster -----------------------------------
+        pg = PostgresCluster(work / "pg").start()
+        pg.psql("CREATE TABLE task_instance (id serial PRIMARY KEY, queue varchar(256), state varchar(20))",
+                database=pg.database)
+        pg.psql("CREATE INDEX ti_state ON task_instance (state)", database=pg.database)
+        pg.psql(f"INSERT INTO task_instance (queue, state) SELECT 'queue-' || lpad((i % {QUEUES})::text, 2, '0'), "
+                "(ARRAY['queued','running','success','success','failed'])[1 + i % 5] FROM generate_series(1, 20000) i",
+                database=pg.database)
+        pg.psql("ANALYZE task_instance", database=pg.database)
+        ro_password = secrets.token_hex(12)
+        pg.psql(f"CREATE ROLE sentinel_ro LOGIN PASSWORD '{ro_password}'")
+        pg.psql("GRANT SELECT ON task_instance TO sentinel_ro", database=pg.database)
+        scans = lambda: int(pg.psql(  # noqa: E731
+            "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'task_instance'",
+            database=pg.database).strip())
+        url = f"postgres://sentinel_ro:{ro_password}@127.0.0.1:{pg.port}/{pg.database}"
+        sp = Sentinel(work, "sentinel-postgres", {"type": "postgres", "postgres": {"sslMode": "disable"}},
+                      {"ASTRO_SENTINEL_POSTGRES_URL": url}, token).start()
+        daemons.append(sp.daemon)
+        status, body = http_get(f"{sp.base}/v1/workers/astro-worker-007", token)
+        assert status == 200, body
+        presult = {}
+
+        def pload():
+            presult.update(run_wrk(sp.base, token, lua, DURATION))
+
+        ploaded = upstream_window(sp, DURATION, pload, scans)
+        pidle = upstream_window(sp, DURATION, None, scans)
+        print("\nupstream cost, postgres source (SQL queries per refresh; 1 for all queues expected)")
+        for label, w in (("under load", ploaded), ("idle", pidle)):
+            print(f"  {label:<11} {w['per_refresh']:6.1f} per refresh (PostgreSQL's scan counters "
+                  f"of task_instance moved {w['seen_upstream_per_refresh']:.1f}), {w['refreshes']:.0f} refreshes, "
+                  f"{w['served']:,.0f} HTTP requests served")
+        print(f"  (same cached path under load: {presult['rps']:,.0f} requests/s, p99 {presult['p99_us'] / 1000:.3f} ms)")
+        for w in (ploaded, pidle):
+            if abs(w["per_refresh"] - 1) > 0.1:
+                failures.append(f"postgres: {w['per_refresh']:.2f} queries per refresh, expected 1")
+    finally:
+        for d in reversed(daemons):
+            d.stop()
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    print("\nresult:", "all targets met" if not failures else "MISSED: " + "; ".join(failures))
+    return 1 if failures else 0
+
+
+def s_metrics_text(work: Path, stopped: Sentinel, fake_url: str, token: str) -> str:
+    """/metrics of a short-lived Sentinel that has served a few requests (the benchmark one is
+    stopped by now)."""
+    s = Sentinel(work, "sentinel-metrics", {"type": "airflow-api", "airflowApi": {"url": fake_url}},
+                 {"ASTRO_SENTINEL_AIRFLOW_TOKEN": "fake"}, token).start()
+    try:
+        http_get(f"{s.base}/v1/workers/astro-worker-001", token)
+        http_get(f"{s.base}/v1/workers/nope", token)
+        http_get(f"{s.base}/v1/workers/astro-worker-001", None)
+        return s.metrics()
+    finally:
+        s.daemon.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""A tiny stand-in for Airflow's REST API v2 task-instance count, for benchmarks and metric
+checks that must run without a real Airflow.
+
+    python3 fake_airflow.py PORT_FILE
+
+Listens on 127.0.0.1 on a free port (written to PORT_FILE once listening) and answers
+``GET /api/v2/dags/~/dagRuns/~/taskInstances?queue=Q&state=S&limit=0`` with
+``{"total_entries": N}``, where N is a stable number derived from the queue and state. It
+counts the requests it served and reports the total at ``GET /requests``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+PATH = "/api/v2/dags/~/dagRuns/~/taskInstances"
+served = 0
+lock = threading.Lock()
+
+
+def entries(queue: str, state: str) -> int:
+    return zlib.crc32(f"{queue}/{state}".encode()) % 50
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        global served
+        url = urlparse(self.path)
+        if url.path == "/requests":
+            return self._send(200, {"requests": served})
+        if url.path != PATH:
+            return self._send(404, {"detail": "Not Found"})
+        if not self.headers.get("Authorization", "").startswith("Bearer "):
+            return self._send(401, {"detail": "Not authenticated"})
+        q = parse_qs(url.query)
+        with lock:
+            served += 1
+        queue, state = q.get("queue", [""])[0], q.get("state", [""])[0]
+        self._send(200, {"task_instances": [], "total_entries": entries(queue, state)})
+
+
+def main() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with open(sys.argv[1], "w") as f:
+        f.write(str(server.server_address[1]))
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
