@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The one-command demo (`make demo`): builds astro-agent and astro-sentinel, gets the cached
+# Python venvs, then runs demo/demo.py, which brings up Airflow 3 + the Edge executor, the
+# Sentinel and the local scaler, triggers a burst and checks that every task succeeded.
+#
+#   demo/run.sh            the full demo (48 tasks x 5 s, up to 4 workers; ~5-10 minutes)
+#   demo/run.sh --short    a small burst (12 tasks x 2 s, up to 3 workers), what CI runs
+#   demo/run.sh --help     every knob (tasks, syncSlots, max workers, polling, cooldown, ...)
+#
+# Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent} (the same cargo
+# target folder and venvs the test command uses), so a second run starts in seconds.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+. tests/lib/cache.sh
+
+# System packages the demo needs (Debian; root installs them when missing).
+command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
+missing=()
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install these Debian packages first: ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "installing: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The same target folder as tests/run.sh: one build serves the tests and the demo.
+toolchain="$(rustc -V | sha256sum | cut -c1-12)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ASTRO_CACHE_DIR/cargo-target-$toolchain}"
+if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
+  echo "==> cargo build --release -p astro-agent -p astro-sentinel" >&2
+  cargo build --release -p astro-agent -p astro-sentinel >&2
+  export ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"
+  export ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
+fi
+
+echo "==> Python venvs (cached)" >&2
+tools="$(bash tests/e2e/venvs.sh tools)"
+bash tests/e2e/venvs.sh airflow >/dev/null
+
+# exec: demo.py receives Ctrl-C / SIGTERM itself and stops everything it started.
+exec "$tools/bin/python" demo/demo.py "$@"
