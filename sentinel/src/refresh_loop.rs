@@ -29,19 +29,25 @@ pub struct RefreshLoop {
 /// recovered upstream is noticed well within a staleness limit.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// Which queues are known to be failing or stale, so each change is logged once.
+#[derive(Default)]
+struct Logged {
+    failing: HashSet<String>,
+    stale: HashSet<String>,
+}
+
 impl RefreshLoop {
     /// Runs until `shutdown` turns true (or its sender is dropped).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut backoff = Backoff::new(self.interval, MAX_BACKOFF.max(self.interval));
-        let mut failing: HashSet<String> = HashSet::new();
-        let mut stale: HashSet<String> = HashSet::new();
+        let mut logged = Logged::default();
         loop {
             if *shutdown.borrow() {
                 return;
             }
             let started = Instant::now();
             let all_failed = tokio::select! {
-                all_failed = self.refresh_once(&mut failing, &mut stale) => all_failed,
+                all_failed = self.refresh_once(&mut logged) => all_failed,
                 _ = shutdown.changed() => return,
             };
             let pause = if all_failed {
@@ -60,18 +66,16 @@ impl RefreshLoop {
     }
 
     /// Reads every queue once and publishes the result; returns whether every queue failed.
-    pub async fn refresh_once(
-        &self,
-        failing: &mut HashSet<String>,
-        stale: &mut HashSet<String>,
-    ) -> bool {
-        let started = Instant::now();
-        let outcomes = self.source.fetch(&self.queues).await;
+    async fn refresh_once(&self, logged: &mut Logged) -> bool {
+        // Values are dated from when the read began: an age may be overstated by the read's
+        // duration, never understated.
         let (at, at_wall) = (Instant::now(), SystemTime::now());
+        let outcomes = self.source.fetch(&self.queues).await;
         self.metrics.refreshes.inc();
         self.metrics
             .refresh_duration
-            .observe(at.duration_since(started).as_secs_f64());
+            .observe(at.elapsed().as_secs_f64());
+        let failing = &mut logged.failing;
 
         let mut next: Snapshot = (*self.cache.snapshot()).clone();
         let mut successes = 0usize;
@@ -97,7 +101,7 @@ impl RefreshLoop {
             }
             next.record(&queue, outcome, at, at_wall);
         }
-        self.log_staleness(&next, at, stale);
+        self.log_staleness(&next, Instant::now(), &mut logged.stale);
         self.cache.publish(next);
 
         if successes > 0 || self.queues.is_empty() {
