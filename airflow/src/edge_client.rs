@@ -10,7 +10,7 @@ use crate::edge_types::{
     EdgeJob, FetchBody, HeartbeatAnswer, JobState, JobStateBody, PushLogsBody, RegisterAnswer,
     TaskKey, WorkerStateBody,
 };
-use crate::error::{truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::error::{check_status, send, truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -125,18 +125,10 @@ impl EdgeClient {
 
     /// `PATCH jobs/state/{dag}/{task}/{run}/{try}/{map}/{state}`.
     pub async fn set_job_state(&self, key: &TaskKey, state: JobState) -> Result<(), ApiError> {
-        let try_number = key.try_number.to_string();
-        let map_index = key.map_index.to_string();
-        let path = [
-            "jobs",
-            "state",
-            &key.dag_id,
-            &key.task_id,
-            &key.run_id,
-            &try_number,
-            &map_index,
-            state.as_str(),
-        ];
+        let (try_number, map_index) = (key.try_number.to_string(), key.map_index.to_string());
+        let mut path = vec!["jobs", "state"];
+        path.extend(task_segments(key, &try_number, &map_index));
+        path.push(state.as_str());
         let body = JobStateBody {
             task_instance_id: key.task_instance_id.as_deref(),
         };
@@ -147,17 +139,9 @@ impl EdgeClient {
 
     /// `POST logs/push/{dag}/{task}/{run}/{try}/{map}` with one chunk of log text.
     pub async fn push_logs(&self, key: &TaskKey, chunk: &str) -> Result<(), ApiError> {
-        let try_number = key.try_number.to_string();
-        let map_index = key.map_index.to_string();
-        let path = [
-            "logs",
-            "push",
-            &key.dag_id,
-            &key.task_id,
-            &key.run_id,
-            &try_number,
-            &map_index,
-        ];
+        let (try_number, map_index) = (key.try_number.to_string(), key.map_index.to_string());
+        let mut path = vec!["logs", "push"];
+        path.extend(task_segments(key, &try_number, &map_index));
         let body = PushLogsBody {
             log_chunk_time: chrono::Utc::now().to_rfc3339(),
             log_chunk_data: chunk,
@@ -203,22 +187,8 @@ impl EdgeClient {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|source| ApiError::Transport { call: name, source })?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|source| ApiError::Transport { call: name, source })?;
-        if !status.is_success() {
-            return Err(ApiError::Status {
-                call: name,
-                status: status.as_u16(),
-                body: truncate_body(&text),
-            });
-        }
+        let (status, text) = send(name, request).await?;
+        check_status(name, status, &text)?;
         let text = if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
             "null"
         } else {
@@ -229,4 +199,15 @@ impl EdgeClient {
             reason: format!("{e}; body: {}", truncate_body(text)),
         })
     }
+}
+
+/// The segments that name one try of one task instance: `{dag}/{task}/{run}/{try}/{map}`.
+fn task_segments<'a>(key: &'a TaskKey, try_number: &'a str, map_index: &'a str) -> [&'a str; 5] {
+    [
+        &key.dag_id,
+        &key.task_id,
+        &key.run_id,
+        try_number,
+        map_index,
+    ]
 }

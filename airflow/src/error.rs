@@ -47,6 +47,34 @@ impl ApiError {
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Sends `request` and reads the whole answer; only transport failures are errors here.
+pub(crate) async fn send(
+    call: &'static str,
+    request: reqwest::RequestBuilder,
+) -> Result<(reqwest::StatusCode, String), ApiError> {
+    let transport = |source| ApiError::Transport { call, source };
+    let response = request.send().await.map_err(transport)?;
+    let status = response.status();
+    let text = response.text().await.map_err(transport)?;
+    Ok((status, text))
+}
+
+/// Turns a non-success status into [`ApiError::Status`].
+pub(crate) fn check_status(
+    call: &'static str,
+    status: reqwest::StatusCode,
+    text: &str,
+) -> Result<(), ApiError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    Err(ApiError::Status {
+        call,
+        status: status.as_u16(),
+        body: truncate_body(text),
+    })
+}
+
 /// Body texts in errors are cut so that one misbehaving server cannot flood the log.
 pub(crate) fn truncate_body(body: &str) -> String {
     const MAX: usize = 300;

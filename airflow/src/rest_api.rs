@@ -5,7 +5,7 @@
 //! Authentication is a bearer token, either given as is or obtained from `/auth/token` with a
 //! username and password and obtained again whenever the server answers 401.
 
-use crate::error::{truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::error::{check_status, send, truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use serde::Deserialize;
 use tokio::sync::Mutex;
 use url::Url;
@@ -110,17 +110,8 @@ impl RestApiClient {
         let mut renewed = false;
         loop {
             let token = self.current_token().await?;
-            let response = self
-                .http
-                .get(url.clone())
-                .bearer_auth(&token)
-                .send()
-                .await
-                .map_err(|source| ApiError::Transport {
-                    call: call::COUNT,
-                    source,
-                })?;
-            let status = response.status();
+            let request = self.http.get(url.clone()).bearer_auth(&token);
+            let (status, text) = send(call::COUNT, request).await?;
             // A 401 with a password means the token expired or the server's secret rotated:
             // log in again once. With a fixed token there is nothing to renew.
             if status == reqwest::StatusCode::UNAUTHORIZED
@@ -131,20 +122,7 @@ impl RestApiClient {
                 renewed = true;
                 continue;
             }
-            let text = response
-                .text()
-                .await
-                .map_err(|source| ApiError::Transport {
-                    call: call::COUNT,
-                    source,
-                })?;
-            if !status.is_success() {
-                return Err(ApiError::Status {
-                    call: call::COUNT,
-                    status: status.as_u16(),
-                    body: truncate_body(&text),
-                });
-            }
+            check_status(call::COUNT, status, &text)?;
             let answer: CountAnswer =
                 serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
                     call: call::COUNT,
@@ -180,31 +158,12 @@ impl RestApiClient {
         url.path_segments_mut()
             .expect("an http(s) base URL always has path segments")
             .extend(["auth", "token"]);
-        let response = self
+        let request = self
             .http
             .post(url)
-            .json(&serde_json::json!({"username": username, "password": password}))
-            .send()
-            .await
-            .map_err(|source| ApiError::Transport {
-                call: call::LOGIN,
-                source,
-            })?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|source| ApiError::Transport {
-                call: call::LOGIN,
-                source,
-            })?;
-        if !status.is_success() {
-            return Err(ApiError::Status {
-                call: call::LOGIN,
-                status: status.as_u16(),
-                body: truncate_body(&text),
-            });
-        }
+            .json(&serde_json::json!({"username": username, "password": password}));
+        let (status, text) = send(call::LOGIN, request).await?;
+        check_status(call::LOGIN, status, &text)?;
         let answer: TokenAnswer = serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
             call: call::LOGIN,
             reason: format!("{e} (token answer not shown)"),
