@@ -17,7 +17,7 @@ use crate::cache::BacklogCache;
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
-use crate::worker_view::{worker_answer, WorkerAnswer};
+use crate::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{
@@ -181,22 +181,39 @@ fn one(state: &AppState, name: &str) -> Response<Body> {
     }
 }
 
+/// One entry of `GET /v1/workers`: the worker's own answer plus `available`.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Listed {
+    Ready(Flagged<WorkerBacklog>),
+    Unavailable(Flagged<Unavailable>),
+}
+
+#[derive(serde::Serialize)]
+struct Flagged<T> {
+    #[serde(flatten)]
+    answer: T,
+    available: bool,
+}
+
 fn list(state: &AppState) -> Response<Body> {
     let snapshot = state.cache.snapshot();
     let now = Instant::now();
-    let workers: Vec<serde_json::Value> = state
+    let workers: Vec<Listed> = state
         .workers
         .iter()
-        .map(|w| {
-            let (available, mut value) =
-                match worker_answer(w, &snapshot, now, state.staleness_limit) {
-                    WorkerAnswer::Ready(b) => (true, serde_json::to_value(b)),
-                    WorkerAnswer::Unavailable(u) => (false, serde_json::to_value(u)),
-                };
-            let value = value.as_mut().expect("plain structs serialise");
-            value["available"] = available.into();
-            value.take()
-        })
+        .map(
+            |w| match worker_answer(w, &snapshot, now, state.staleness_limit) {
+                WorkerAnswer::Ready(answer) => Listed::Ready(Flagged {
+                    answer,
+                    available: true,
+                }),
+                WorkerAnswer::Unavailable(answer) => Listed::Unavailable(Flagged {
+                    answer,
+                    available: false,
+                }),
+            },
+        )
         .collect();
     json(StatusCode::OK, &serde_json::json!({ "workers": workers }))
 }

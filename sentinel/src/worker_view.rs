@@ -44,7 +44,10 @@ pub struct Unavailable {
     /// `notLoaded` (never read yet) or `stale` (older than the staleness limit).
     pub reason: &'static str,
     pub worker: String,
-    pub queues: Vec<QueueStatus>,
+    /// The worker's queue names, as in the 200 answer.
+    pub queues: Vec<String>,
+    /// Each queue's state: which ones have no usable value, and why.
+    pub queue_status: Vec<QueueStatus>,
     pub staleness_limit_seconds: f64,
 }
 
@@ -141,7 +144,8 @@ pub fn worker_answer(
             error,
             reason,
             worker: worker.name.clone(),
-            queues: statuses,
+            queues: worker.queues.clone(),
+            queue_status: statuses,
             staleness_limit_seconds: seconds(staleness_limit),
         });
     }
@@ -268,10 +272,10 @@ mod tests {
         ) {
             WorkerAnswer::Unavailable(u) => {
                 assert_eq!(u.reason, STALE);
-                assert_eq!(u.queues[0].state, FRESH);
-                assert_eq!(u.queues[1].state, STALE);
+                assert_eq!(u.queue_status[0].state, FRESH);
+                assert_eq!(u.queue_status[1].state, STALE);
                 assert_eq!(
-                    u.queues[1].last_error.as_deref(),
+                    u.queue_status[1].last_error.as_deref(),
                     Some("connection refused")
                 );
                 assert!(u.error.contains('b'));
@@ -304,7 +308,7 @@ mod tests {
         match worker_answer(&worker(&["a"], 4, 0, 10), &s, now, Duration::from_secs(30)) {
             WorkerAnswer::Unavailable(u) => {
                 assert_eq!(u.reason, NOT_LOADED);
-                assert_eq!(u.queues[0].last_error.as_deref(), Some("HTTP 500"));
+                assert_eq!(u.queue_status[0].last_error.as_deref(), Some("HTTP 500"));
             }
             other => panic!("expected unavailable, got {other:?}"),
         }

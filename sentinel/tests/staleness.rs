@@ -62,9 +62,10 @@ async fn a_failing_upstream_turns_into_503_after_the_limit_never_into_0() {
     assert_eq!(body["reason"], "stale");
     assert!(body["error"].as_str().unwrap().contains("stale"));
     assert!(body.get("backlog").is_none(), "no number in a 503: {body}");
-    assert_eq!(body["queues"][0]["queue"], "a");
-    assert_eq!(body["queues"][0]["state"], "stale");
-    assert!(body["queues"][0]["lastError"]
+    assert_eq!(body["queues"], serde_json::json!(["a"]));
+    assert_eq!(body["queueStatus"][0]["queue"], "a");
+    assert_eq!(body["queueStatus"][0]["state"], "stale");
+    assert!(body["queueStatus"][0]["lastError"]
         .as_str()
         .unwrap()
         .contains("500"));
@@ -75,7 +76,7 @@ async fn a_failing_upstream_turns_into_503_after_the_limit_never_into_0() {
     assert_eq!(value_at(&b, "backlog"), 1.0);
     let ab = keda_get(addr, "/v1/workers/worker-ab", Some(TOKEN)).await;
     assert_eq!(ab.status, 503, "{}", ab.body);
-    let states: Vec<_> = ab.json()["queues"]
+    let states: Vec<_> = ab.json()["queueStatus"]
         .as_array()
         .unwrap()
         .iter()

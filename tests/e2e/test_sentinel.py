@@ -413,7 +413,7 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
         assert status == 503, (status, body)
         assert body["reason"] == "stale", body
         assert "backlog" not in body and "desiredReplicas" not in body, body
-        assert body["queues"][0]["lastError"]
+        assert body["queueStatus"][0]["lastError"]
         assert s.get("/readyz", token=None)[0] == 200, "stays in the Service: KEDA hears the 503"
         assert s.get("/healthz", token=None)[0] == 200
         assert s.metric('astro_sentinel_queue_refresh_failures_total{queue="sentinel"}') >= 1
