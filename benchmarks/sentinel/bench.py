@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 from postgres import PostgresCluster  # noqa: E402  (stdlib-only helpers of the e2e harness)
 from procs import Daemon, free_port, wait_for  # noqa: E402
+from prometheus_server import promtool  # noqa: E402  (Debian's promtool, fetched when missing)
 
 WORKERS = 200
 QUEUES = 50
@@ -228,12 +229,11 @@ def main() -> int:
                 failures.append(f"airflow-api: {w['per_refresh']:.1f} requests per refresh, expected {2 * QUEUES}")
         s.daemon.stop()
 
-        if shutil.which("promtool"):
-            check = subprocess.run(["promtool", "check", "metrics"], input=s_metrics_text(work, s, fake_url, token),
-                                   capture_output=True, text=True)
-            print(f"\npromtool check metrics: {'clean' if check.returncode == 0 else check.stdout + check.stderr}")
-            if check.returncode != 0:
-                failures.append("promtool check metrics")
+        check = promtool("check", "metrics", stdin=s_metrics_text(work, s, fake_url, token))
+        problems = (check.stdout + check.stderr).strip()
+        print(f"\npromtool check metrics: {'clean' if check.returncode == 0 and not problems else problems}")
+        if check.returncode != 0 or problems:
+            failures.append("promtool check metrics")
 
         # ---- postgres source against a private cluster -----------------------------------
         pg = PostgresCluster(work / "pg").start()

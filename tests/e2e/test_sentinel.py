@@ -42,6 +42,7 @@ from urllib.parse import urlparse
 import pytest
 
 from procs import Daemon, free_port, wait_for
+from prometheus_server import promtool
 
 REPO = Path(__file__).resolve().parents[2]
 QUEUE = "sentinel"
@@ -142,6 +143,14 @@ class Sentinel:
             if line.startswith(name) and line[len(name)] in " {":
                 return float(line.rsplit(" ", 1)[1])
         raise AssertionError(f"{name} not in /metrics:\n{text}")
+
+    def check_metrics(self) -> str:
+        """``/metrics``, after ``promtool check metrics`` found nothing to complain about."""
+        status, text = self.get("/metrics", token=None)
+        assert status == 200
+        check = promtool("check", "metrics", stdin=text)
+        assert check.returncode == 0 and not (check.stdout + check.stderr).strip(), check.stdout + check.stderr
+        return text
 
     def stop(self) -> int | None:
         return self.daemon.stop(sig=signal.SIGTERM, timeout=15)
@@ -358,6 +367,9 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
     assert answer["updatedAt"].endswith("Z") and answer["ageSeconds"] <= STALENESS
     status, big = s.worker(SHARED)
     assert status == 200 and backlog_of(big) == TASKS and big["desiredReplicas"] == 2  # ceil(30/16)
+    metrics = s.check_metrics()
+    assert f'astro_sentinel_worker_backlog{{worker="{WORKER}"}} 30' in metrics
+    assert f'astro_sentinel_worker_desired_replicas{{worker="{WORKER}"}} 8' in metrics
 
     # 2. A worker starts: the backlog drains to 0.
     worker = python_edge_worker(name=f"py-sentinel-{source}", queues=[QUEUE], concurrency=8)
@@ -417,6 +429,9 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
         assert s.get("/readyz", token=None)[0] == 200, "stays in the Service: KEDA hears the 503"
         assert s.get("/healthz", token=None)[0] == 200
         assert s.metric('astro_sentinel_queue_refresh_failures_total{queue="sentinel"}') >= 1
+        metrics = s.check_metrics()
+        assert f'astro_sentinel_worker_available{{worker="{WORKER}"}} 0' in metrics
+        assert "astro_sentinel_worker_backlog{" not in metrics, "no backlog series while stale"
     finally:
         # 4. The upstream comes back.
         if source == "airflow-api":
