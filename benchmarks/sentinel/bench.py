@@ -118,6 +118,11 @@ class Sentinel:
     def metrics(self) -> str:
         return http_get(f"{self.base}/metrics")[1]
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the Sentinel has used so far."""
+        fields = Path(f"/proc/{self.daemon.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mb(self) -> tuple[float, float]:
         status = Path(f"/proc/{self.daemon.pid}/status").read_text()
         kb = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.*)$", status, re.M)}
@@ -192,7 +197,10 @@ def main() -> int:
 
         def load():
             for _ in range(RUNS):
-                runs.append(run_wrk(s.base, token, lua, DURATION))
+                cpu0 = s.cpu_seconds()
+                r = run_wrk(s.base, token, lua, DURATION)
+                r["cpu_us"] = (s.cpu_seconds() - cpu0) / r["requests"] * 1e6
+                runs.append(r)
 
         loaded = upstream_window(s, DURATION, load, fake_count)
         rss, peak = s.rss_mb()
@@ -201,7 +209,7 @@ def main() -> int:
               f"load average before: {load_before}, after: {os.getloadavg()[0]:.1f}")
         for i, r in enumerate(runs, 1):
             print(f"  run {i}: {r['rps']:>9,.0f} requests/s, p50 {r['p50_us'] / 1000:.3f} ms, "
-                  f"p99 {r['p99_us'] / 1000:.3f} ms")
+                  f"p99 {r['p99_us'] / 1000:.3f} ms, sentinel CPU {r['cpu_us']:.1f} us/request")
         result = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]  # the median run
         print("  median run:")
         print(f"  throughput   {result['rps']:>10,.0f} requests/s   (target >= {TARGETS['rps']:,})")
@@ -211,6 +219,8 @@ def main() -> int:
         bad = sum(r["bad_status"] for r in runs)
         sock = sum(r["socket_errors"] for r in runs)
         print(f"  errors       {bad:.0f} non-2xx, {sock:.0f} socket errors (all runs)")
+        print(f"  sentinel CPU {result['cpu_us']:.1f} us per request (user+system, kernel networking included): "
+              f"one free core serves ~{1e6 / result['cpu_us']:,.0f} requests/s")
         print(f"  sentinel RSS {rss:.1f} MB now, {peak:.1f} MB peak   (target <= {TARGETS['rss_mb']:.0f} MB)")
         print("\nupstream cost, airflow-api source (REST requests per refresh; 2 per distinct queue expected)")
         for label, w in (("under load", loaded), ("idle", idle)):
