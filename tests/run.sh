@@ -5,8 +5,11 @@
 #   rust   cargo fmt --check, clippy -D warnings, unit + in-process tests, release build
 #   chart  the Helm chart against a real helm (built from the Go module proxy) and the
 #          Kubernetes / KEDA / prometheus-operator schemas
-#   e2e    the agent and the Sentinel against a real Airflow 3 on PostgreSQL
-# Choose stages with arguments: tests/run.sh [rust] [chart] [e2e]   (default: all).
+#   e2e    the agent and the Sentinel against a real Airflow 3 on PostgreSQL, Prometheus
+#   demo   the demo in its short mode, the local scaler's rules, README reference vs --help
+#   docker the Sentinel image built FROM scratch with podman; the agent Dockerfile's checks
+# Choose stages with arguments: tests/run.sh [rust] [chart] [e2e] [demo] [docker]
+# (default: all).
 #
 # Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}, keyed by
 # version; without the cache the same run only takes longer.
@@ -16,7 +19,7 @@ cd "$root"
 . tests/lib/cache.sh
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(rust chart e2e)
+[ ${#stages[@]} -gt 0 ] || stages=(rust chart e2e demo docker)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -40,7 +43,7 @@ if want rust; then
   cargo build --workspace --release
 fi
 
-if ! want rust && { want chart || want e2e; }; then
+if ! want rust; then
   cargo build --workspace --release  # a no-op when up to date
 fi
 
@@ -53,4 +56,16 @@ if want e2e; then
   step "end-to-end tests against a real Airflow"
   tools="$(bash tests/e2e/venvs.sh tools)"
   "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/e2e
+fi
+
+if want demo; then
+  step "demo (short mode), scaler rules, README reference vs --help"
+  tools="$(bash tests/e2e/venvs.sh tools)"
+  "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/demo
+fi
+
+if want docker; then
+  step "container images (podman: Sentinel FROM scratch; agent Dockerfile checks)"
+  tools="$(bash tests/e2e/venvs.sh tools)"
+  "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/docker
 fi
