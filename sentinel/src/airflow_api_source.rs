@@ -4,21 +4,31 @@
 //! Cost: two requests per queue per refresh (`state=queued` and `state=running`, each
 //! `limit=0` so that only `total_entries` comes back). Queues are read concurrently, a few at
 //! a time, so that 50 queues do not take 100 round trips in a row nor hit Airflow all at once.
+//!
+//! A refresh has a time budget: an api-server that accepts connections but never answers
+//! would otherwise hold the loop for one request timeout per wave of queues (minutes with
+//! many queues), delaying recovery long after it answers again. Queues without an answer when
+//! the budget runs out count as failed for this refresh.
 
 use crate::backlog_source::{BacklogSource, QueueOutcome};
 use airflow::rest_api::{QueueCounts, RestApiClient, RestCredentials};
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use prometheus::IntCounter;
+use std::collections::HashMap;
+use std::time::Duration;
 use url::Url;
 
 /// Queues read at the same time (each with its two requests in flight together).
 const CONCURRENT_QUEUES: usize = 8;
+/// The default time budget of one refresh (see the module doc).
+pub const REFRESH_BUDGET: Duration = Duration::from_secs(10);
 
 pub struct AirflowApiSource {
     client: RestApiClient,
     /// Counts every count request sent (logins are the client's business and not counted).
     requests: IntCounter,
+    budget: Duration,
 }
 
 impl AirflowApiSource {
@@ -29,7 +39,17 @@ impl AirflowApiSource {
     ) -> Result<Self, String> {
         let client = RestApiClient::new(base, credentials)
             .map_err(|e| format!("cannot build the REST API client: {e}"))?;
-        Ok(AirflowApiSource { client, requests })
+        Ok(AirflowApiSource {
+            client,
+            requests,
+            budget: REFRESH_BUDGET,
+        })
+    }
+
+    /// Replaces the refresh time budget (tests use a short one).
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
     }
 
     async fn count(&self, queue: &str, state: &str) -> Result<u64, String> {
@@ -38,6 +58,10 @@ impl AirflowApiSource {
             .count(queue, state)
             .await
             .map_err(|e| format!("{state} count: {e}"))
+    }
+
+    async fn labelled(&self, queue: &str) -> (String, QueueOutcome) {
+        (queue.to_owned(), self.queue_counts(queue).await)
     }
 
     async fn queue_counts(&self, queue: &str) -> QueueOutcome {
@@ -53,10 +77,27 @@ impl BacklogSource for AirflowApiSource {
     }
 
     fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {
-        futures_util::stream::iter(queues)
-            .map(move |queue| async move { (queue.clone(), self.queue_counts(queue).await) })
-            .buffer_unordered(CONCURRENT_QUEUES)
-            .collect()
-            .boxed()
+        async move {
+            // Collected first: a closure held across the await trips rustc's Send check.
+            let calls: Vec<_> = queues.iter().map(|queue| self.labelled(queue)).collect();
+            let mut answered: HashMap<String, QueueOutcome> = futures_util::stream::iter(calls)
+                .buffer_unordered(CONCURRENT_QUEUES)
+                .take_until(tokio::time::sleep(self.budget))
+                .collect()
+                .await;
+            queues
+                .iter()
+                .map(|q| {
+                    let outcome = answered.remove(q).unwrap_or_else(|| {
+                        Err(format!(
+                            "no answer within the refresh budget of {}",
+                            humantime::format_duration(self.budget)
+                        ))
+                    });
+                    (q.clone(), outcome)
+                })
+                .collect()
+        }
+        .boxed()
     }
 }

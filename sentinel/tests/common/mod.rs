@@ -90,6 +90,7 @@ fn query_params(req: &Request<Incoming>) -> HashMap<String, String> {
 pub struct FakeAirflow {
     counts: Mutex<HashMap<(String, String), u64>>,
     failing: Mutex<HashSet<String>>,
+    hanging: Mutex<HashSet<String>>,
     pub requests: AtomicUsize,
     pub token: Mutex<String>,
 }
@@ -111,6 +112,12 @@ impl FakeAirflow {
         }
     }
 
+    /// Makes requests for `queue` wait (practically) forever: an api-server that accepted the
+    /// connection but never answers.
+    pub fn hang(&self, queue: &str) {
+        self.hanging.lock().unwrap().insert(queue.into());
+    }
+
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
@@ -119,7 +126,13 @@ impl FakeAirflow {
         let me = self.clone();
         serve(move |req| {
             let me = me.clone();
-            async move { me.answer(req) }
+            async move {
+                let queue = query_params(&req).get("queue").cloned().unwrap_or_default();
+                if me.hanging.lock().unwrap().contains(&queue) {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                me.answer(req)
+            }
         })
         .await
     }
