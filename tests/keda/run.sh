@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Proves the KEDA contract with KEDA's own code (see test_keda_contract.py): the chart's
+# ScaledObjects and TriggerAuthentications go through KEDA's types, admission checks and scaler
+# builder, and KEDA's metrics-api scaler, metrics server and fallback run against the real
+# astro-sentinel fed by a real Airflow.
+#
+#   tests/keda/run.sh [pytest args]
+#
+# What it needs and fetches (cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}):
+#   go/<go version>/{mod,build}  Go modules (KEDA pinned in go.mod) and the build cache
+#   the pinned helm (tests/chart/helm.sh), the tools and airflow venvs (tests/e2e/venvs.sh)
+#   astro-sentinel: $ASTRO_SENTINEL_BIN, else `cargo build --release -p astro-sentinel` into
+#   ${CARGO_TARGET_DIR:-target}
+# Environment for experiments: KEDA_CONTRACT_CHART (another chart folder),
+# KEDA_CONTRACT_EXTRA_VALUES (values files, ':'-separated, added to every scenario).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+. "$root/tests/lib/cache.sh"
+bash "$root/tests/lib/prerequisites.sh"
+
+# One KEDA pin: go.mod must require the version the chart tests read the CRDs from.
+. "$root/tests/chart/pins.env"
+grep -Eq "^[[:space:]]*(require[[:space:]]+)?$KEDA_MODULE $KEDA_VERSION[[:space:]]*\$" "$here/go.mod" || {
+  echo "tests/keda/go.mod does not require $KEDA_MODULE $KEDA_VERSION (tests/chart/pins.env)" >&2
+  exit 1
+}
+
+gover="$(go env GOVERSION)"
+export GOMODCACHE="$ASTRO_CACHE_DIR/go/$gover/mod"
+export GOCACHE="$ASTRO_CACHE_DIR/go/$gover/build"
+export GOFLAGS=-mod=mod
+export GOTOOLCHAIN=local
+mkdir -p "$GOMODCACHE" "$GOCACHE"
+
+ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
+tools="$(bash "$root/tests/e2e/venvs.sh" tools)"
+if [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
+  (cd "$root" && cargo build --release -p astro-sentinel)
+  target="${CARGO_TARGET_DIR:-target}"
+  case "$target" in /*) ;; *) target="$root/$target" ;; esac
+  ASTRO_SENTINEL_BIN="$target/release/astro-sentinel"
+fi
+[ -x "$ASTRO_SENTINEL_BIN" ] || { echo "no astro-sentinel binary at $ASTRO_SENTINEL_BIN" >&2; exit 1; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/astro-keda.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+# Compile once (KEDA's scalers package pulls in every cloud SDK it supports: the first build
+# is long, later ones reuse GOCACHE); the driver runs the binary once per scenario and phase.
+start=$SECONDS
+(cd "$here" && go test -c -ldflags="-s -w" -o "$work/kedacontract.test" .)
+echo "KEDA contract test binary built in $((SECONDS - start)) s (GOCACHE $GOCACHE)"
+
+export ASTRO_HELM ASTRO_SENTINEL_BIN KEDA_CONTRACT_TEST_BIN="$work/kedacontract.test"
+cd "$root"
+"$tools/bin/python" -m pytest -p no:cacheprovider -v -s tests/keda/test_keda_contract.py "$@"
