@@ -18,6 +18,7 @@ there: if the agent has already claimed the job (because the launcher stopped an
 agent started the task another way), the task exits without running, so no job runs twice.
 """
 
+import importlib
 import json
 import os
 import signal
@@ -126,6 +127,15 @@ def main():
     from airflow.executors.base_executor import BaseExecutor  # noqa: F401
     from airflow.sdk.execution_time import execute_workload, supervisor  # noqa: F401
     from airflow.sdk.log import configure_logging  # noqa: F401
+
+    # Also warm what every task imports on its way, when installed: the hostname callable the
+    # agent sets (the edge provider's worker module) and the DAG bag. A missing one only
+    # costs the task its import time.
+    for optional in ("airflow.providers.edge3.cli.worker", "airflow.dag_processing.dagbag"):
+        try:
+            importlib.import_module(optional)
+        except Exception:  # noqa: BLE001
+            pass
 
     _write_message(replies, {"ready": True, "pid": os.getpid()})
     while True:
