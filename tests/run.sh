@@ -6,9 +6,10 @@
 #   chart  the Helm chart against a real helm (built from the Go module proxy) and the
 #          Kubernetes / KEDA / prometheus-operator schemas
 #   e2e    the agent and the Sentinel against a real Airflow 3 on PostgreSQL, Prometheus
+#   keda   KEDA's own scaler code and validation against the chart and a live Sentinel
 #   demo   the demo in its short mode, the local scaler's rules, README reference vs --help
 #   docker the Sentinel image built FROM scratch with podman; the agent Dockerfile's checks
-# Choose stages with arguments: tests/run.sh [rust] [chart] [e2e] [demo] [docker]
+# Choose stages with arguments: tests/run.sh [rust] [chart] [e2e] [keda] [demo] [docker]
 # (default: all).
 #
 # Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}, keyed by
@@ -19,7 +20,7 @@ cd "$root"
 . tests/lib/cache.sh
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(rust chart e2e demo docker)
+[ ${#stages[@]} -gt 0 ] || stages=(rust chart e2e keda demo docker)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -56,6 +57,11 @@ if want e2e; then
   step "end-to-end tests against a real Airflow"
   tools="$(bash tests/e2e/venvs.sh tools)"
   "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/e2e
+fi
+
+if want keda; then
+  step "KEDA contract (KEDA's own code against the chart and a live Sentinel)"
+  bash tests/keda/run.sh
 fi
 
 if want demo; then
