@@ -129,6 +129,15 @@ class Scenario:
             out[(m.group(1), m.group(2))] = float(m.group(3))
         return out
 
+    def ready(self) -> bool:
+        """/readyz answers 200 (the first refresh succeeded); False while it does not listen yet."""
+        self.sentinel.check_alive()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
+                return r.status == 200
+        except OSError:  # refused, or an HTTP error status
+            return False
+
     def shows(self, backlog: int | None) -> bool:
         """Every worker available with its expected backlog (``None``: every worker stale)."""
         self.sentinel.check_alive()
@@ -257,6 +266,8 @@ def test_keda_against_the_real_sentinel(scenarios):
         timings["airflow stack"] = time.monotonic() - t0
         for sc in live:
             start_sentinel(sc, stack)
+        wait_for(lambda: all(sc.ready() for sc in live), 60, "every Sentinel ready",
+                 on_timeout=lambda: "\n".join(f"{sc.name}:\n{sc.sentinel.tail(15)}" for sc in live))
 
         def reach(backlog: int | None, what: str, timeout: float) -> None:
             t = time.monotonic()
