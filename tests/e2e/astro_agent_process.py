@@ -67,6 +67,8 @@ class AstroAgent:
         env = stack.worker_env(name)
         env["ASTRO_AGENT_JWT_SECRET_FILE"] = str(stack.jwt_secret_file)
         env["RUST_LOG"] = "info"
+        # As for the Python worker: tasks must not load Airflow's example DAGs and plugins.
+        env["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
         if queue_stats:
             env["ASTRO_AGENT_REST_API_URL"] = stack.api_base
             env["ASTRO_AGENT_REST_API_USERNAME"] = USERNAME
