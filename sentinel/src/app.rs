@@ -134,6 +134,7 @@ pub async fn start_with(
                 TokenReviewer::new(
                     access,
                     &tr.allowed_usernames,
+                    &tr.audiences,
                     tr.cache_ttl,
                     metrics.token_reviews.clone(),
                 )

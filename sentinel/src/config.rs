@@ -75,6 +75,8 @@ pub struct AuthConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenReviewConfig {
     pub allowed_usernames: Vec<String>,
+    /// Audiences the review asks for; empty: the API server's own.
+    pub audiences: Vec<String>,
     pub cache_ttl: Duration,
 }
 
@@ -157,6 +159,8 @@ struct RawAuth {
 struct RawTokenReview {
     #[serde(default)]
     allowed_usernames: Vec<String>,
+    #[serde(default)]
+    audiences: Vec<String>,
     #[serde(default, deserialize_with = "duration")]
     cache_ttl: Option<Duration>,
 }
@@ -276,6 +280,15 @@ fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
                     "auth.tokenReview.allowedUsernames: empty username {bad:?}"
                 )));
             }
+            if let Some(bad) = tr
+                .audiences
+                .iter()
+                .find(|a| a.is_empty() || a.trim() != a.as_str())
+            {
+                return Err(ConfigError::new(format!(
+                    "auth.tokenReview.audiences: {bad:?} is empty or has surrounding whitespace"
+                )));
+            }
             let cache_ttl = tr.cache_ttl.unwrap_or(DEFAULT_TOKEN_REVIEW_CACHE_TTL);
             if cache_ttl.is_zero() || cache_ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
                 return Err(ConfigError::new(format!(
@@ -286,6 +299,7 @@ fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
             }
             Some(TokenReviewConfig {
                 allowed_usernames: tr.allowed_usernames,
+                audiences: tr.audiences,
                 cache_ttl,
             })
         }
@@ -492,6 +506,7 @@ auth:
   staticTokensFile: /etc/astro-sentinel/tokens/tokens
   tokenReview:
     allowedUsernames: [\"system:serviceaccount:keda:astro-agent-keda\"]
+    audiences: [\"astro-sentinel\"]
     cacheTtl: 60s
 workers:
   - name: astro-worker-default
@@ -513,6 +528,7 @@ workers:
         assert_eq!(c.workers[1].max_replicas, DEFAULT_MAX_REPLICAS);
         let tr = c.auth.token_review.unwrap();
         assert_eq!(tr.cache_ttl, Duration::from_secs(60));
+        assert_eq!(tr.audiences, vec!["astro-sentinel"]);
     }
 
     #[test]
@@ -608,6 +624,12 @@ workers:
         .unwrap_err()
         .0;
         assert!(e.contains("allowedUsernames"), "{e}");
+        let e = Config::parse(
+            "source: {type: postgres}\nauth: {tokenReview: {allowedUsernames: [u], audiences: [\" x\"]}}\n",
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.contains("auth.tokenReview.audiences"), "{e}");
     }
 
     #[test]

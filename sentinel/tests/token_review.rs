@@ -12,6 +12,14 @@ const KEDA_SA: &str = "system:serviceaccount:keda:astro-agent-keda";
 const OTHER_SA: &str = "system:serviceaccount:default:nosy";
 
 fn yaml(ttl: &str, static_tokens: Option<&std::path::Path>) -> String {
+    yaml_with_audiences(ttl, static_tokens, "[]")
+}
+
+fn yaml_with_audiences(
+    ttl: &str,
+    static_tokens: Option<&std::path::Path>,
+    audiences: &str,
+) -> String {
     let static_line = static_tokens
         .map(|p| format!("  staticTokensFile: {}\n", p.display()))
         .unwrap_or_default();
@@ -20,6 +28,7 @@ fn yaml(ttl: &str, static_tokens: Option<&std::path::Path>) -> String {
 auth:
 {static_line}  tokenReview:
     allowedUsernames: [\"{KEDA_SA}\"]
+    audiences: {audiences}
     cacheTtl: {ttl}
 workers:
   - {{name: astro-worker-default, queues: [default], syncSlots: 8}}
@@ -36,6 +45,10 @@ struct Setup {
 }
 
 async fn setup(ttl: &str, with_static: bool) -> Setup {
+    setup_with_audiences(ttl, with_static, "[]").await
+}
+
+async fn setup_with_audiences(ttl: &str, with_static: bool, audiences: &str) -> Setup {
     let (fake, airflow) = fake_airflow().await;
     fake.set("default", 9, 0);
     let fake_kube = FakeKubernetes::new("sentinel-own-sa-token");
@@ -60,7 +73,7 @@ async fn setup(ttl: &str, with_static: bool) -> Setup {
     };
     let sentinel = start_against(
         airflow.addr,
-        &yaml(ttl, static_file.as_deref()),
+        &yaml_with_audiences(ttl, static_file.as_deref(), audiences),
         Some(access),
     )
     .await;
@@ -108,6 +121,15 @@ async fn allowed_forbidden_invalid() {
     let missing = keda_get(addr, PATH, None).await;
     assert_eq!(missing.status, 401);
     assert_eq!(s.fake_kube.reviews(), 3, "no review without a token");
+    assert!(
+        s.fake_kube
+            .asked_audiences
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|a| a.is_empty()),
+        "no audiences configured: the reviews name none (the API server's own)"
+    );
 
     let m = keda_get(addr, "/metrics", None).await.body;
     for outcome in ["allowed", "not_allowed", "invalid"] {
@@ -118,6 +140,49 @@ async fn allowed_forbidden_invalid() {
             "{m}"
         );
     }
+    s.sentinel.stop().await;
+}
+
+/// KEDA >= 2.21 mints its token for the audience mapped in KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES:
+/// the review asks for that audience, so a token for the API server (or anything else) fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audiences_are_asked_for_and_confirmed() {
+    let s = setup_with_audiences("60s", false, "[astro-sentinel]").await;
+    let addr = s.sentinel.addr();
+    s.fake_kube
+        .users
+        .lock()
+        .unwrap()
+        .insert("keda-audience-token".into(), KEDA_SA.into());
+    s.fake_kube
+        .token_audiences
+        .lock()
+        .unwrap()
+        .insert("keda-audience-token".into(), vec!["astro-sentinel".into()]);
+
+    let ok = keda_get(addr, PATH, Some("keda-audience-token")).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(
+        s.fake_kube.asked_audiences.lock().unwrap().as_slice(),
+        [vec!["astro-sentinel".to_string()]]
+    );
+
+    // Same service account, but minted for the API server (KEDA in legacy mode): refused.
+    let legacy = keda_get(addr, PATH, Some("keda-bound-token")).await;
+    assert_eq!(legacy.status, 401, "{}", legacy.body);
+
+    // An API server that ignores the audiences authenticates the API-server token without
+    // naming an audience: that proves nothing about ours, so it is refused too.
+    s.fake_kube
+        .ignores_audiences
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    s.fake_kube
+        .users
+        .lock()
+        .unwrap()
+        .insert("api-audience-token".into(), KEDA_SA.into());
+    let unconfirmed = keda_get(addr, PATH, Some("api-audience-token")).await;
+    assert_eq!(unconfirmed.status, 401, "{}", unconfirmed.body);
     s.sentinel.stop().await;
 }
 

@@ -7,6 +7,7 @@ import os
 import re
 import select
 import subprocess
+import textwrap
 import time
 
 import pytest
@@ -444,6 +445,35 @@ def test_bound_token_identity(chart):
     cr = r.get("ClusterRole", crb["roleRef"]["name"])
     assert cr["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
     assert not r.all("TriggerAuthentication") and not r.maybe("Secret", "astro-keda-sentinel-token")
+
+
+def test_bound_token_audience_reaches_the_sentinel_and_the_keda_setting(chart):
+    """KEDA >= 2.21 mints a bound token only for an audience mapped to the account in
+    KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES: NOTES prints that entry for exactly the account the
+    ClusterTriggerAuthentication names, and the Sentinel's TokenReview asks for that audience."""
+    values, _ = effective("keda-bound")
+    audience = values["keda"]["auth"]["boundServiceAccountToken"]["audience"]
+    assert audience, "the default must work with KEDA's default token mode"
+    r = chart.render(scenario("keda-bound"))
+    (cta,) = r.all("ClusterTriggerAuthentication")
+    sa_name = cta["spec"]["boundServiceAccountToken"][0]["serviceAccountName"]
+    obj_ns = values["keda"]["clusterObjectNamespace"]
+    assert sentinel_config(r, values)["auth"]["tokenReview"]["audiences"] == [audience]
+
+    notes = chart.notes(scenario("keda-bound"))
+    block = notes[notes.index("  env:\n"):]
+    env = yaml.safe_load(textwrap.dedent(block[: block.index("\n\n") if "\n\n" in block else len(block)]))
+    (var,) = env["env"]
+    assert var["name"] == "KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES"
+    assert yaml.safe_load(var["value"]) == [{"namespace": obj_ns, "serviceAccountName": sa_name, "audience": audience}]
+    assert f"--audience={audience}" in notes
+
+    # Empty: the API server's own audience (older KEDA, or KEDA's legacy token mode).
+    r = chart.render(scenario("keda-bound"), sets=["keda.auth.boundServiceAccountToken.audience="])
+    assert "audiences" not in sentinel_config(r, values)["auth"]["tokenReview"]
+    notes = chart.notes(scenario("keda-bound"), sets=["keda.auth.boundServiceAccountToken.audience="])
+    assert "KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES" not in notes and "--audience" not in notes
+    assert "--service-account-token-mode=legacy" in notes
 
 
 def test_bound_token_defaults_to_kedas_own_namespace(chart):

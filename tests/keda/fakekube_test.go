@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -139,9 +140,24 @@ func (f *fakeKubeAPI) tokenRequest(w http.ResponseWriter, r *http.Request, names
 	if req.Spec.ExpirationSeconds != nil {
 		expiration = *req.Spec.ExpirationSeconds
 	}
+	// Shaped like the API server's tokens (KEDA reads sub, aud and exp before using one); signed
+	// with a key nobody checks: only this server's TokenReview decides whether it is valid.
 	buf := make([]byte, 24)
 	_, _ = rand.Read(buf)
-	token := "fake-bound-" + hex.EncodeToString(buf)
+	now := time.Now()
+	token, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"iss": apiServerAudience,
+		"sub": "system:serviceaccount:" + namespace + ":" + name,
+		"aud": audiences,
+		"iat": now.Unix(),
+		"nbf": now.Unix(),
+		"exp": now.Add(time.Duration(expiration) * time.Second).Unix(),
+		"jti": hex.EncodeToString(buf),
+	}).SignedString(buf)
+	if err != nil {
+		writeStatus(w, http.StatusInternalServerError, err.Error())
+		return
+	}
 	m := mintedToken{Namespace: namespace, ServiceAccount: name, Audiences: audiences, ExpirationSeconds: expiration, Token: token}
 	f.mu.Lock()
 	f.minted[token] = m

@@ -3,6 +3,7 @@ package kedacontract
 import (
 	"context"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -176,6 +177,29 @@ func pointAtLocalSentinel(t *testing.T, objects []client.Object, local string) [
 // useKEDATokenMode sets KEDA's --service-account-token-mode (and audiences) for this process.
 func useKEDATokenMode(mode string, audiences []resolver.ServiceAccountTokenAudience) {
 	resolver.SetConfig(&resolver.Config{ServiceAccountTokenMode: mode, ServiceAccountTokenAudiences: audiences})
+}
+
+// useKEDAAsTheNotesSay configures KEDA's token policy the way the chart's NOTES tell the user
+// to install KEDA: its default token mode (enforce-audience) with the printed
+// KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES, parsed by KEDA's own loader. The driver passes that
+// variable through when NOTES print one; when they do not (the chart's audience is empty),
+// NOTES ask for KEDA's legacy mode instead.
+func useKEDAAsTheNotesSay(t *testing.T) {
+	t.Helper()
+	resolver.SetConfig(kedaTokenPolicyFromNotes(t))
+}
+
+func kedaTokenPolicyFromNotes(t *testing.T) *resolver.Config {
+	t.Helper()
+	value, ok := os.LookupEnv(resolver.ServiceAccountTokenAudiencesEnvVar)
+	if !ok {
+		return &resolver.Config{ServiceAccountTokenMode: "legacy"}
+	}
+	cfg := &resolver.Config{}
+	if err := cfg.LoadServiceAccountTokenAudiences(value); err != nil {
+		t.Fatalf("KEDA refuses the %s that NOTES print: %v", resolver.ServiceAccountTokenAudiencesEnvVar, err)
+	}
+	return cfg
 }
 
 func unmatchedParamEvents(evs []string) []string {

@@ -15,6 +15,7 @@ import (
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	"github.com/kedacore/keda/v2/pkg/scalers/authentication"
+	"github.com/kedacore/keda/v2/pkg/scaling/resolver"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,7 +59,7 @@ func newLiveEnv(t *testing.T) *liveEnv {
 		e.kube = startFakeKubeAPI(t, "", "unused")
 	}
 	e.acs = &authentication.AuthClientSet{CoreV1Interface: e.kube.Clientset(t).CoreV1()}
-	useKEDATokenMode("legacy", nil) // see TestKEDADefaultTokenModeNeedsAnAudience
+	useKEDAAsTheNotesSay(t)
 	return e
 }
 
@@ -292,7 +293,27 @@ func TestKEDAAuthAgainstTheSentinel(t *testing.T) {
 			t.Errorf("TokenReviews %+v: want a refused one, then an accepted one", reviews)
 		}
 	})
+	if audiences := e.pod.Config.Auth.TokenReview.Audiences; len(audiences) > 0 {
+		t.Run("token for the API server's audience (KEDA in legacy token mode)", func(t *testing.T) {
+			useKEDATokenMode("legacy", nil)
+			defer useKEDAAsTheNotesSay(t)
+			expectStatus(t, read(t, e.operator(t, e.sc.Objects)), http.StatusUnauthorized)
+			reviews := e.kube.reviews()
+			last := reviews[len(reviews)-1]
+			if last.Authenticated || !slices.Equal(last.Audiences, audiences) {
+				t.Errorf("last TokenReview %+v: want audiences %v, not authenticated", last, audiences)
+			}
+		})
+	}
 	t.Run("token of another service account", func(t *testing.T) {
+		// KEDA maps that account to the same audience: only the username differs.
+		if audiences := e.pod.Config.Auth.TokenReview.Audiences; len(audiences) > 0 {
+			cfg := kedaTokenPolicyFromNotes(t)
+			cfg.ServiceAccountTokenAudiences = append(cfg.ServiceAccountTokenAudiences, resolver.ServiceAccountTokenAudience{
+				Audience: audiences[0], Namespace: e.sc.Info.ClusterObjectNamespace, ServiceAccountName: "someone-else"})
+			resolver.SetConfig(cfg)
+			defer useKEDAAsTheNotesSay(t)
+		}
 		var objs []client.Object
 		for _, o := range e.sc.Objects {
 			if cta, ok := o.(*kedav1alpha1.ClusterTriggerAuthentication); ok {

@@ -20,13 +20,25 @@ type sentinelConfig struct {
 	RefreshInterval string `json:"refreshInterval"`
 	StalenessLimit  string `json:"stalenessLimit"`
 	Auth            struct {
-		Disabled         bool   `json:"disabled"`
-		StaticTokensFile string `json:"staticTokensFile"`
-		TokenReview      *struct {
-			AllowedUsernames []string `json:"allowedUsernames"`
-		} `json:"tokenReview"`
+		Disabled         bool                 `json:"disabled"`
+		StaticTokensFile string               `json:"staticTokensFile"`
+		TokenReview      *sentinelTokenReview `json:"tokenReview"`
 	} `json:"auth"`
 	Workers []sentinelWorker `json:"workers"`
+}
+
+type sentinelTokenReview struct {
+	AllowedUsernames []string `json:"allowedUsernames"`
+	Audiences        []string `json:"audiences"`
+}
+
+// audiencesOrAPIServer: the audiences a token must carry to pass the Sentinel's review (the
+// API server's own when the review names none).
+func (r *sentinelTokenReview) audiencesOrAPIServer() []string {
+	if len(r.Audiences) == 0 {
+		return []string{apiServerAudience}
+	}
+	return r.Audiences
 }
 
 type sentinelWorker struct {

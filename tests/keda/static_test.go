@@ -164,7 +164,7 @@ func TestKEDABuildsTheBacklogTriggers(t *testing.T) {
 	const backlog = 7
 	rs := startRecordingSentinel(t, backlog)
 	kube := startFakeKubeAPI(t, "", "unused")
-	useKEDATokenMode("legacy", nil) // see TestKEDADefaultTokenModeNeedsAnAudience
+	useKEDAAsTheNotesSay(t)
 	op := newKEDAOperator(t, pointAtLocalSentinel(t, sc.Objects, rs.URL),
 		&authentication.AuthClientSet{CoreV1Interface: kube.Clientset(t).CoreV1()})
 	ctx := context.Background()
@@ -247,6 +247,9 @@ func checkTokenIsAccepted(t *testing.T, sc *scenario, pod *sentinelPod, kube *fa
 			t.Fatalf("KEDA sends a token the TokenRequest API did not mint")
 		}
 		m := kube.mints()[idx]
+		if want := pod.Config.Auth.TokenReview.audiencesOrAPIServer(); !slices.Equal(m.Audiences, want) {
+			t.Errorf("KEDA minted a token for audiences %v, the Sentinel's TokenReview asks for %v", m.Audiences, want)
+		}
 		user := "system:serviceaccount:" + m.Namespace + ":" + m.ServiceAccount
 		if !slices.Contains(pod.Config.Auth.TokenReview.AllowedUsernames, user) {
 			t.Errorf("KEDA mints its token for %s, the Sentinel allows %v", user, pod.Config.Auth.TokenReview.AllowedUsernames)
@@ -259,10 +262,10 @@ func checkTokenIsAccepted(t *testing.T, sc *scenario, pod *sentinelPod, kube *fa
 	}
 }
 
-// TestKEDADefaultTokenModeNeedsAnAudience records how the pinned KEDA treats a bound
-// service-account token in its default --service-account-token-mode (enforce-audience): it
-// refuses to mint one unless KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES maps the service account to an
-// audience. Run for bound-token scenarios only.
+// TestKEDADefaultTokenModeNeedsAnAudience records why NOTES print a
+// KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES entry: in its default --service-account-token-mode
+// (enforce-audience) the pinned KEDA refuses to mint a bound token for an account that variable
+// does not map to an audience. Run for bound-token scenarios only.
 func TestKEDADefaultTokenModeNeedsAnAudience(t *testing.T) {
 	sc := loadScenario(t)
 	if len(sc.ClusterAuths) == 0 {
@@ -270,7 +273,7 @@ func TestKEDADefaultTokenModeNeedsAnAudience(t *testing.T) {
 	}
 	kube := startFakeKubeAPI(t, "", "unused")
 	useKEDATokenMode("", nil)
-	defer useKEDATokenMode("legacy", nil)
+	defer useKEDAAsTheNotesSay(t)
 	op := newKEDAOperator(t, sc.Objects, &authentication.AuthClientSet{CoreV1Interface: kube.Clientset(t).CoreV1()})
 	for _, name := range sc.workerNames() {
 		so := op.scaledObject(t, sc.scaledObjectFor(name).Name, sc.Info.Namespace)

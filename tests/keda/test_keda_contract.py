@@ -12,6 +12,9 @@ prepares the inputs and the peers, then runs the binary once per scenario and ph
   writes ``scenario.json`` (what the values ask of each KEDA worker) and ``provided.yaml`` (the
   existing Secrets the values point at, with random contents), and its ``sentinel-files`` tool
   the config file and static tokens the Sentinel Pod behind the trigger URLs would see.
+* KEDA's token policy: for bound-token scenarios, KEDA runs in its default token mode with the
+  ``KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`` entry the chart's NOTES print (rendered offline and
+  parsed by KEDA's own loader), as a user following NOTES would install it.
 * static (every scenario): KEDA's types, KEDA's admission webhook, KEDA's scale handler building
   each trigger, and the exact request KEDA's metrics-api scaler sends.
 * live (scenarios whose Sentinel reads Airflow's REST API): one real Airflow stack; one
@@ -35,14 +38,17 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -100,6 +106,8 @@ class Scenario:
         self.config: dict = {}
         self.sentinel: Daemon | None = None
         self.port: int | None = None
+        # KEDA's operator environment as the chart's NOTES tell the user to set it.
+        self.keda_env: dict[str, str] = {}
 
     @property
     def has_keda(self) -> bool:
@@ -171,13 +179,36 @@ def go_test(sc: Scenario, tests: list[str], **env: str) -> str:
     out = run_binary(
         ["-test.v", "-test.count=1", "-test.run", "^(" + "|".join(tests) + ")$"],
         {"KEDA_CONTRACT_SCENARIO_DIR": str(sc.dir), "KEDA_CHECK_UNEXPECTED_SCALERS_PARAMS": "enabled",
-         "KEDA_CLUSTER_OBJECT_NAMESPACE": sc.info["clusterObjectNamespace"], **env},
+         "KEDA_CLUSTER_OBJECT_NAMESPACE": sc.info["clusterObjectNamespace"], **sc.keda_env, **env},
         f"KEDA contract tests {tests} for scenario {sc.name}")
     print(f"\n---- scenario {sc.name}: {' '.join(tests)} {env or ''}\n"
           + "\n".join(line for line in out.splitlines() if not line.startswith("keda: ")))
     for t in tests:
         assert re.search(rf"^--- PASS: {t} ", out, re.M), f"{t} did not pass:\n{out}"
     return out
+
+
+def keda_env_from_notes(helm: str, args: list[str], work: Path) -> dict[str, str]:
+    """The operator environment NOTES.txt tells the user to give KEDA (the `env:` block of KEDA's
+    chart values), rendered offline: `helm template` skips NOTES, so a copy of the chart renders
+    it through `tpl` inside a ConfigMap."""
+    chart = work / "chart-with-notes"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "NOTES.txt").rename(chart / "notes-under-test.txt")
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
+        '  notes: {{ tpl (.Files.Get "notes-under-test.txt") . | quote }}\n')
+    cmd = [helm, "template", RELEASE, str(chart), *args, "--show-only", "templates/zz-notes.yaml"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "KUBECONFIG": os.devnull})
+    assert proc.returncode == 0, f"NOTES:\n{proc.stderr}"
+    notes = yaml.safe_load(proc.stdout)["data"]["notes"]
+    shutil.rmtree(chart)
+    match = re.search(r"^( +)env:\n((?:\1 .*\n?)+)", notes, re.M)
+    if not match:
+        return {}
+    block = textwrap.dedent(match.group(0))
+    return {e["name"]: e["value"] for e in yaml.safe_load(block)["env"]}
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +221,10 @@ def scenarios(tmp_path_factory) -> dict[str, Scenario]:
         sc = Scenario(name, base / name)
         sc.dir.mkdir()
         files = [*files, *map(Path, EXTRA_VALUES)]
-        args = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube_version]
+        chart_args = ["--namespace", NAMESPACE, "--kube-version", kube_version]
         for f in files:
-            args += ["-f", str(f)]
+            chart_args += ["-f", str(f)]
+        args = [helm, "template", RELEASE, str(CHART), *chart_args]
         proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "KUBECONFIG": os.devnull})
         assert proc.returncode == 0, f"helm template {name}:\n{proc.stderr}"
@@ -205,6 +237,8 @@ def scenarios(tmp_path_factory) -> dict[str, Scenario]:
             pod.mkdir()
             go_tool(sc, "sentinel-files", KEDA_CONTRACT_OUT=str(pod))
             sc.config = json.loads((pod / "config.json").read_text())
+            if sc.bound:
+                sc.keda_env = keda_env_from_notes(helm, chart_args, sc.dir)
         out[name] = sc
     assert out[CONTRACT].live, "the contract scenario must have a live Sentinel"
     return out

@@ -1,9 +1,14 @@
 //! Kubernetes TokenReview for KEDA's bound service-account tokens.
 //!
-//! The presented token is POSTed to `/apis/authentication.k8s.io/v1/tokenreviews` (no
-//! audiences, as KEDA requests its tokens without one) with the Sentinel's own
-//! service-account token, which is re-read for every review because the kubelet rotates it.
-//! Only `status.authenticated == true` with `status.user.username` in the allow-list passes.
+//! The presented token is POSTed to `/apis/authentication.k8s.io/v1/tokenreviews` with the
+//! Sentinel's own service-account token, which is re-read for every review because the kubelet
+//! rotates it. With `audiences` configured the review asks for them (KEDA >= 2.21 mints its
+//! tokens for the audience mapped in `KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`), so a token minted
+//! for another service — or for the API server itself — does not pass; without, the API
+//! server checks its own audience (KEDA in `legacy` token mode, or before 2.21).
+//! Only `status.authenticated == true` with `status.user.username` in the allow-list passes,
+//! and, when audiences were asked for, `status.audiences` must name one of them: an API server
+//! that ignored the audiences would answer without, and its "authenticated" proves nothing.
 //!
 //! Verdicts are cached by the token's SHA-256 for a short TTL (well under the one-hour life of
 //! KEDA's tokens), so KEDA's polling costs the API server one review per token per TTL. A
@@ -39,6 +44,7 @@ pub struct TokenReviewer {
     url: Url,
     token_file: std::path::PathBuf,
     allowed: HashSet<String>,
+    audiences: Vec<String>,
     ttl: Duration,
     cache: Mutex<HashMap<TokenHash, (Verdict, Instant)>>,
     outcomes: IntCounterVec,
@@ -58,6 +64,8 @@ struct ReviewStatus {
     user: ReviewUser,
     #[serde(default)]
     error: String,
+    #[serde(default)]
+    audiences: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -70,6 +78,7 @@ impl TokenReviewer {
     pub fn new(
         access: &KubernetesAccess,
         allowed_usernames: &[String],
+        audiences: &[String],
         ttl: Duration,
         outcomes: IntCounterVec,
     ) -> Result<Self, String> {
@@ -107,6 +116,7 @@ impl TokenReviewer {
             url,
             token_file: access.token_file.clone(),
             allowed: allowed_usernames.iter().cloned().collect(),
+            audiences: audiences.to_vec(),
             ttl,
             cache: Mutex::new(HashMap::new()),
             outcomes,
@@ -164,10 +174,14 @@ impl TokenReviewer {
                 self.token_file.display()
             )
         })?;
+        let mut spec = serde_json::json!({"token": token});
+        if !self.audiences.is_empty() {
+            spec["audiences"] = serde_json::json!(self.audiences);
+        }
         let body = serde_json::json!({
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
-            "spec": {"token": token},
+            "spec": spec,
         });
         let response = self
             .http
@@ -201,6 +215,15 @@ impl TokenReviewer {
                 } else {
                     status.error
                 },
+            }
+        } else if !self.audiences.is_empty()
+            && !status.audiences.iter().any(|a| self.audiences.contains(a))
+        {
+            Verdict::Invalid {
+                reason: format!(
+                    "the review did not confirm audience {:?} (it answered {:?})",
+                    self.audiences, status.audiences
+                ),
             }
         } else if self.allowed.contains(&status.user.username) {
             Verdict::Allowed {

@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -178,9 +178,18 @@ impl FakeAirflow {
 }
 
 /// A fake Kubernetes API server that answers TokenReviews from a table of tokens.
+/// What a TokenRequest without audiences gets, and what a review without audiences checks.
+pub const API_SERVER_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
 pub struct FakeKubernetes {
     /// token → username; tokens not in the table are not authenticated.
     pub users: Mutex<HashMap<String, String>>,
+    /// token → the audiences it was minted for; absent: the API server's own.
+    pub token_audiences: Mutex<HashMap<String, Vec<String>>>,
+    /// Answer like an API server that does not know audiences (none in the status).
+    pub ignores_audiences: AtomicBool,
+    /// The `spec.audiences` of each review, in order.
+    pub asked_audiences: Mutex<Vec<Vec<String>>>,
     /// The bearer token the Sentinel must present as itself.
     pub own_token: String,
     pub reviews: AtomicUsize,
@@ -194,6 +203,9 @@ impl FakeKubernetes {
     pub fn new(own_token: &str) -> Arc<Self> {
         Arc::new(FakeKubernetes {
             users: Mutex::new(HashMap::new()),
+            token_audiences: Mutex::new(HashMap::new()),
+            ignores_audiences: AtomicBool::new(false),
+            asked_audiences: Mutex::new(Vec::new()),
             own_token: own_token.into(),
             reviews: AtomicUsize::new(0),
             seen: Mutex::new(Vec::new()),
@@ -237,14 +249,40 @@ impl FakeKubernetes {
         let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(review["apiVersion"], "authentication.k8s.io/v1");
         assert_eq!(review["kind"], "TokenReview");
-        assert!(review["spec"].get("audiences").is_none(), "no audiences");
         let token = review["spec"]["token"].as_str().unwrap().to_string();
         self.seen.lock().unwrap().push(token.clone());
+        let asked: Vec<String> =
+            serde_json::from_value(review["spec"]["audiences"].clone()).unwrap_or_default();
+        self.asked_audiences.lock().unwrap().push(asked.clone());
+        // Like kube-apiserver: the review's audiences (the API server's own when none) must meet
+        // the token's; the status names the ones they share.
+        let wanted = if asked.is_empty() || self.ignores_audiences.load(Ordering::SeqCst) {
+            vec![API_SERVER_AUDIENCE.to_string()]
+        } else {
+            asked
+        };
+        let minted_for = self
+            .token_audiences
+            .lock()
+            .unwrap()
+            .get(&token)
+            .cloned()
+            .unwrap_or_else(|| vec![API_SERVER_AUDIENCE.to_string()]);
+        let shared: Vec<&String> = wanted.iter().filter(|a| minted_for.contains(a)).collect();
         let status = match self.users.lock().unwrap().get(&token) {
-            Some(user) => serde_json::json!({
-                "authenticated": true,
-                "user": {"username": user, "uid": "1234", "groups": ["system:serviceaccounts"]},
-                "audiences": ["https://kubernetes.default.svc.cluster.local"],
+            Some(user) if !shared.is_empty() => {
+                let mut status = serde_json::json!({
+                    "authenticated": true,
+                    "user": {"username": user, "uid": "1234", "groups": ["system:serviceaccounts"]},
+                });
+                if !self.ignores_audiences.load(Ordering::SeqCst) {
+                    status["audiences"] = serde_json::json!(shared);
+                }
+                status
+            }
+            Some(_) => serde_json::json!({
+                "authenticated": false,
+                "error": format!("token audiences {minted_for:?} is invalid for the target audiences {wanted:?}"),
             }),
             None => serde_json::json!({"authenticated": false, "error": "invalid bearer token"}),
         };
