@@ -3,7 +3,9 @@
 The agent starts this file once with the Python that runs tasks. It imports Airflow's task SDK
 supervisor code up front (the slow part of starting a task), then for every job the agent
 sends it forks a process that runs the task exactly as
-``python -m airflow.sdk.execution_time.execute_workload --json-path FILE`` would.
+``python -m airflow.sdk.execution_time.execute_workload --json-path FILE`` would — except that
+the supervisor notices the end of its task without waiting for its next heartbeat (see
+``_wake_selects_on_child_exit``).
 
 Protocol (stdin/stdout of this process): each message is a 4-byte big-endian length followed by
 that many bytes of JSON.
@@ -21,10 +23,15 @@ agent started the task another way), the task exits without running, so no job r
 import importlib
 import json
 import os
+import selectors
 import signal
 import struct
 import sys
+import time
 import traceback
+
+#: How often an empty selector looks for an exited child (see _wake_selects_on_child_exit).
+CHILD_EXIT_POLL = 0.005
 
 
 def _read_message(stream):
@@ -42,6 +49,44 @@ def _write_message(stream, message):
     body = json.dumps(message).encode()
     stream.write(struct.pack(">I", len(body)) + body)
     stream.flush()
+
+
+def _wake_selects_on_child_exit():
+    """Makes Airflow's supervisor notice at once that its task process has ended.
+
+    The supervisor reads the task's sockets until they all close, then checks once whether the
+    task process has exited. The task closes its sockets a moment before it is gone, so that
+    check can come too early; the supervisor then waits in ``select`` on a selector with nothing
+    left to watch until its next heartbeat ([workers] min_heartbeat_interval, 5 s), and the slot
+    stays taken. Here ``select`` on an empty selector also returns (with no events, as on a
+    timeout) as soon as a child process has exited, so the supervisor's next check finds it.
+    Only the supervisor's own process has this: processes it forks (the task) get the
+    original ``select`` back.
+    """
+    selector_class = selectors.DefaultSelector
+    original = selector_class.select
+    last_woken_by = [None]  # a zombie the caller does not reap must not wake us again
+
+    def select(self, timeout=None):
+        if self.get_map() or (timeout is not None and timeout <= 0):
+            return original(self, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # no child at all: nothing to wake up for
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return original(self, remaining)
+            if exited is not None and exited.si_pid != last_woken_by[0]:
+                last_woken_by[0] = exited.si_pid
+                return []
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return []
+            time.sleep(CHILD_EXIT_POLL if remaining is None else min(CHILD_EXIT_POLL, remaining))
+
+    selector_class.select = select
+    os.register_at_fork(after_in_child=lambda: setattr(selector_class, "select", original))
 
 
 def _run_task(request):
@@ -68,6 +113,7 @@ def _run_task(request):
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         sys.argv = ["execute_workload", "--json-path", request["workload"]]
+        _wake_selects_on_child_exit()
         from airflow.sdk.execution_time import execute_workload
 
         execute_workload.main()
@@ -113,6 +159,35 @@ def _launch(request):
     return int(b"".join(chunks))
 
 
+def _warm_up():
+    """Loads once what every task needs on its way, so that each fork finds it ready.
+
+    Best effort: a step that fails (an older Airflow, a provider not installed) only costs each
+    task that step's time, as in a fresh interpreter.
+    """
+    steps = (
+        # The hostname callable the agent sets (the edge provider's worker module).
+        lambda: importlib.import_module("airflow.providers.edge3.cli.worker"),
+        # The DAG bag, which parses the task's DAG file.
+        lambda: importlib.import_module("airflow.dag_processing.dagbag"),
+        # What DAG files take from the SDK; its names are loaded lazily on first use (~40 ms).
+        lambda: [getattr(importlib.import_module("airflow.sdk"), n) for n in ("DAG", "task", "BaseOperator")],
+        # The Execution API client's TLS context, built once per process (~50 ms) and cached.
+        _warm_execution_api_client,
+    )
+    for step in steps:
+        try:
+            step()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _warm_execution_api_client():
+    from airflow.sdk.api.client import Client
+
+    Client(base_url="http://127.0.0.1/", token="").close()
+
+
 def main():
     # The agent owns our lifetime (we exit when it closes stdin); terminal signals are not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -128,14 +203,7 @@ def main():
     from airflow.sdk.execution_time import execute_workload, supervisor  # noqa: F401
     from airflow.sdk.log import configure_logging  # noqa: F401
 
-    # Also warm what every task imports on its way, when installed: the hostname callable the
-    # agent sets (the edge provider's worker module) and the DAG bag. A missing one only
-    # costs the task its import time.
-    for optional in ("airflow.providers.edge3.cli.worker", "airflow.dag_processing.dagbag"):
-        try:
-            importlib.import_module(optional)
-        except Exception:  # noqa: BLE001
-            pass
+    _warm_up()
 
     _write_message(replies, {"ready": True, "pid": os.getpid()})
     while True:

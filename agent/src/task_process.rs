@@ -499,6 +499,23 @@ def main():
     with open(w["record"], "w") as f:
         json.dump(record, f)
     print("fake supervisor running", flush=True)
+    if w.get("supervisor_end"):
+        # What Airflow's supervisor does at a task's end: the task closes its sockets, then
+        # exits; the supervisor selects on a selector with nothing registered until it exits.
+        import selectors
+        sel = selectors.DefaultSelector()
+        child = os.fork()
+        if child == 0:
+            restored = selectors.DefaultSelector.select.__module__ == "selectors"
+            time.sleep(0.2)
+            os._exit(0 if restored else 7)
+        started = time.monotonic()
+        sel.select(timeout=30)
+        record["select_returned_after"] = time.monotonic() - started
+        _, status = os.waitpid(child, 0)
+        record["child_exit"] = os.waitstatus_to_exitcode(status)
+        with open(w["record"], "w") as f:
+            json.dump(record, f)
     time.sleep(w.get("sleep", 0))
     sys.exit(w.get("exit", 0))
 if __name__ == "__main__":
@@ -630,6 +647,25 @@ if __name__ == "__main__":
         assert!(p.output_tail(1024).contains("fake supervisor running"));
         let (_, status) = pf.run("fails", 0.0, 3).await;
         assert_eq!(status.code(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn the_supervisor_wakes_up_when_its_task_process_exits() {
+        let pf = prefork(true);
+        ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        let mut workload = pf.workload("end", 0.0, 0);
+        workload["supervisor_end"] = true.into();
+        let mut p = pf.spawner.spawn(&workload).await.unwrap();
+        let exit = p.wait(&CancellationToken::new()).await.unwrap();
+        assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+        let rec = pf.record("end");
+        // Woken by the child's exit, not by the 30 s timeout of an empty selector.
+        let waited = rec["select_returned_after"].as_f64().unwrap();
+        assert!(waited < 20.0, "select waited {waited} s: {rec}");
+        assert_eq!(
+            rec["child_exit"], 0,
+            "the task (forked by the supervisor) has the original select: {rec}"
+        );
     }
 
     #[tokio::test]
