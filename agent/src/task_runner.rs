@@ -1,5 +1,6 @@
 //! Runs one job from start to report: start the task process, report `running`, ship its log
-//! while it runs, report `success` or `failed`, give its slots back.
+//! while it runs, give its slots back when the process ends, then ship the last log lines and
+//! report `success` or `failed`.
 
 use crate::context::Context;
 use crate::log_shipper::LogShipper;
@@ -19,7 +20,9 @@ const FINAL_LOG_ATTEMPTS: u32 = 5;
 /// How much of the supervisor's own output is added to the log of a failed task.
 const FAILURE_OUTPUT_TAIL: u64 = 16 * 1024;
 
-/// Runs `job`, holding `slots` until its final state has been reported.
+/// Runs `job`, holding `slots` while its task process runs. The slots go back as soon as the
+/// process has ended, so the next job is fetched while this one's last log lines and final
+/// state go out (a slot bounds task processes, and this one is gone).
 pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
     let key = job.key();
     let started = Instant::now();
@@ -97,6 +100,10 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
         }
     };
 
+    drop(slots);
+    ctx.update_slot_metrics();
+    ctx.slot_freed.notify_one();
+
     push_last_logs(&ctx, &mut shipper, &key).await;
     let final_state = if result == TaskResult::Success {
         JobState::Success
@@ -117,9 +124,6 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
         tracing::info!(task = %key, state = final_state.as_str(), "job state reported");
     }
     ctx.metrics.task_finished(result, started.elapsed());
-    drop(slots);
-    ctx.update_slot_metrics();
-    ctx.slot_freed.notify_one();
     ctx.heartbeat_now.notify_one();
 }
 

@@ -281,7 +281,9 @@ fn token_is_valid(token: &str, method: &str) -> bool {
 }
 
 /// A fake `python` that plays Airflow's supervisor: it reads `fake.sleep` and `fake.exit`
-/// from the workload file, writes the task log, and reports SIGTERM in it.
+/// from the workload file, writes the task log, and reports SIGTERM in it. Each one also
+/// leaves a file in `running/` while it runs and appends how many it saw there (itself
+/// included) to `concurrency`: the largest number is the most task processes at once.
 pub fn fake_python(dir: &Path) -> PathBuf {
     let path = dir.join("python");
     std::fs::write(
@@ -291,17 +293,31 @@ f="$4"
 secs=$(sed -n 's/.*"sleep":\([0-9.]*\).*/\1/p' "$f")
 code=$(sed -n 's/.*"exit":\([0-9]*\).*/\1/p' "$f")
 log="$AIRFLOW__LOGGING__BASE_LOG_FOLDER/$(sed -n 's/.*"log_path":"\([^"]*\)".*/\1/p' "$f")"
-mkdir -p "$(dirname "$log")"
+here="$(dirname "$0")"
+mkdir -p "$(dirname "$log")" "$here/running"
+touch "$here/running/$$"
+ls "$here/running" | wc -l >> "$here/concurrency"
 echo "task started on $HOSTNAME" >> "$log"
-trap 'echo "task got SIGTERM" >> "$log"; exit 143' TERM
+trap 'echo "task got SIGTERM" >> "$log"; rm -f "$here/running/$$"; exit 143' TERM
 sleep "$secs" & wait $!
 echo "task done" >> "$log"
+rm -f "$here/running/$$"
 exit "$code"
 "#,
     )
     .unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
+}
+
+/// The most task processes the fake `python` in `dir` saw running at once.
+pub fn max_task_processes(dir: &Path) -> u32 {
+    std::fs::read_to_string(dir.join("concurrency"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|n| n.parse::<u32>().unwrap())
+        .max()
+        .unwrap_or(0)
 }
 
 pub struct Agent {
