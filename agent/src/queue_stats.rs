@@ -22,7 +22,11 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         );
         return;
     };
-    let client = match RestApiClient::new(&rest.url, rest.credentials.clone()) {
+    let client = match RestApiClient::new(
+        &rest.url,
+        rest.credentials.clone(),
+        concat!("astro-agent/", env!("CARGO_PKG_VERSION")),
+    ) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "queue stats are off: cannot build the REST client");

@@ -64,12 +64,17 @@ struct CountAnswer {
 }
 
 impl RestApiClient {
-    /// `base` is the api-server's root, e.g. `http://airflow:8080`.
-    pub fn new(base: &Url, credentials: RestCredentials) -> Result<Self, reqwest::Error> {
+    /// `base` is the api-server's root, e.g. `http://airflow:8080`; `user_agent` names the
+    /// program in Airflow's access log (`astro-agent/<version>`, `astro-sentinel/<version>`).
+    pub fn new(
+        base: &Url,
+        credentials: RestCredentials,
+        user_agent: &str,
+    ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
-            .user_agent(concat!("astro-agent/", env!("CARGO_PKG_VERSION")))
+            .user_agent(user_agent)
             .build()?;
         let token = match &credentials {
             RestCredentials::Token(t) => Some(t.clone()),

@@ -37,8 +37,12 @@ impl AirflowApiSource {
         credentials: RestCredentials,
         requests: IntCounter,
     ) -> Result<Self, String> {
-        let client = RestApiClient::new(base, credentials)
-            .map_err(|e| format!("cannot build the REST API client: {e}"))?;
+        let client = RestApiClient::new(
+            base,
+            credentials,
+            concat!("astro-sentinel/", env!("CARGO_PKG_VERSION")),
+        )
+        .map_err(|e| format!("cannot build the REST API client: {e}"))?;
         Ok(AirflowApiSource {
             client,
             requests,

@@ -55,6 +55,8 @@ async fn each_queue_gets_its_own_outcome() {
     // queued + running for each of the three queues (b's second request may be cancelled
     // once its first one failed, but it is counted when sent).
     assert!((5..=6).contains(&requests.get()), "{}", requests.get());
+    let user_agent = fake.user_agent.lock().unwrap().clone();
+    assert!(user_agent.starts_with("astro-sentinel/"), "{user_agent}");
 }
 
 #[tokio::test]

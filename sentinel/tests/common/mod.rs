@@ -93,6 +93,8 @@ pub struct FakeAirflow {
     hanging: Mutex<HashSet<String>>,
     pub requests: AtomicUsize,
     pub token: Mutex<String>,
+    /// The User-Agent of the last request.
+    pub user_agent: Mutex<String>,
 }
 
 impl FakeAirflow {
@@ -142,6 +144,12 @@ impl FakeAirflow {
             return json_response(404, serde_json::json!({"detail": "Not Found"}));
         }
         self.requests.fetch_add(1, Ordering::SeqCst);
+        *self.user_agent.lock().unwrap() = req
+            .headers()
+            .get("user-agent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
         let expected = format!("Bearer {}", self.token.lock().unwrap());
         let auth = req
             .headers()
