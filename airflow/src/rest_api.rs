@@ -93,24 +93,33 @@ impl RestApiClient {
         })
     }
 
-    /// Queued and running counts of one queue (two requests).
+    /// Queued and running counts of one queue, in two requests: queued + running together,
+    /// then queued alone. The sum (the backlog autoscaling reads) is exact as of the first
+    /// request; only the split can be off by the tasks that started in between. Asking for each
+    /// state on its own could count a task that moves from queued to running in between twice.
     pub async fn queue_counts(&self, queue: &str) -> Result<QueueCounts, ApiError> {
+        let backlog = self.count(queue, &["queued", "running"]).await?;
+        let queued = self.count(queue, &["queued"]).await?.min(backlog);
         Ok(QueueCounts {
-            queued: self.count(queue, "queued").await?,
-            running: self.count(queue, "running").await?,
+            queued,
+            running: backlog - queued,
         })
     }
 
-    /// The number of task instances on `queue` in `state`, over all DAGs and runs.
-    pub async fn count(&self, queue: &str, state: &str) -> Result<u64, ApiError> {
+    /// The number of task instances on `queue` in any of `states`, over all DAGs and runs.
+    pub async fn count(&self, queue: &str, states: &[&str]) -> Result<u64, ApiError> {
         let mut url = self.base.clone();
         url.path_segments_mut()
             .expect("an http(s) base URL always has path segments")
             .extend(["api", "v2", "dags", "~", "dagRuns", "~", "taskInstances"]);
-        url.query_pairs_mut()
-            .append_pair("queue", queue)
-            .append_pair("state", state)
-            .append_pair("limit", "0");
+        {
+            let mut query = url.query_pairs_mut();
+            query.append_pair("queue", queue);
+            for state in states {
+                query.append_pair("state", state);
+            }
+            query.append_pair("limit", "0");
+        }
 
         let mut renewed = false;
         loop {

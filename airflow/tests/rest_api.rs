@@ -69,7 +69,14 @@ fn answer(server: &Mutex<Server>, req: Request<Incoming>) -> Response<Full<Bytes
     if s.malformed {
         return reply(StatusCode::OK, "{\"total\": 3}".into());
     }
-    let n = if query.contains("state=queued") { 7 } else { 2 };
+    // 7 queued and 2 running; a query naming several states counts them all.
+    let n: u64 = url::form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| match (k.as_ref(), v.as_ref()) {
+            ("state", "queued") => 7,
+            ("state", "running") => 2,
+            _ => 0,
+        })
+        .sum();
     reply(
         StatusCode::OK,
         format!("{{\"task_instances\": [], \"total_entries\": {n}}}"),
@@ -95,8 +102,11 @@ async fn counts_queued_and_running_with_limit_zero() {
     );
     let s = server.lock().unwrap();
     assert_eq!(s.logins, 1, "one login serves both counts");
-    assert_eq!(s.queries[0], "queue=high+prio&state=queued&limit=0");
-    assert_eq!(s.queries[1], "queue=high+prio&state=running&limit=0");
+    assert_eq!(
+        s.queries[0],
+        "queue=high+prio&state=queued&state=running&limit=0"
+    );
+    assert_eq!(s.queries[1], "queue=high+prio&state=queued&limit=0");
 }
 
 #[tokio::test]
@@ -108,10 +118,10 @@ async fn a_401_logs_in_again_once() {
         password: "p".into(),
     };
     let client = RestApiClient::new(&url, creds, "rest-api-test").unwrap();
-    client.count("default", "queued").await.unwrap();
+    client.count("default", &["queued"]).await.unwrap();
     // The server rotates its secret: the old token is refused.
     server.lock().unwrap().valid_token = "rotated".into();
-    assert_eq!(client.count("default", "queued").await.unwrap(), 7);
+    assert_eq!(client.count("default", &["queued"]).await.unwrap(), 7);
     assert_eq!(server.lock().unwrap().logins, 2);
 }
 
@@ -128,15 +138,15 @@ async fn a_fixed_token_is_not_renewed_and_errors_are_typed() {
         "rest-api-test",
     )
     .unwrap();
-    assert_eq!(client.count("default", "running").await.unwrap(), 2);
+    assert_eq!(client.count("default", &["running"]).await.unwrap(), 2);
     server.lock().unwrap().malformed = true;
-    let e = client.count("default", "running").await.unwrap_err();
+    let e = client.count("default", &["running"]).await.unwrap_err();
     assert!(
         e.is_retryable() && e.to_string().contains("malformed"),
         "{e}"
     );
     server.lock().unwrap().valid_token = "other".into();
-    let e = client.count("default", "running").await.unwrap_err();
+    let e = client.count("default", &["running"]).await.unwrap_err();
     assert_eq!(e.status(), Some(401));
     assert!(!e.is_retryable());
     assert_eq!(server.lock().unwrap().logins, 0);
@@ -152,7 +162,7 @@ async fn an_unreachable_server_is_a_retryable_transport_error() {
     let url: url::Url = format!("http://127.0.0.1:{port}").parse().unwrap();
     let client =
         RestApiClient::new(&url, RestCredentials::Token("t".into()), "rest-api-test").unwrap();
-    let e = client.count("default", "queued").await.unwrap_err();
+    let e = client.count("default", &["queued"]).await.unwrap_err();
     assert!(e.is_retryable(), "{e}");
     assert!(
         e.to_string().starts_with("rest_count: transport error"),

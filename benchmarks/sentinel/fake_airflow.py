@@ -5,7 +5,8 @@ checks that must run without a real Airflow.
 
 Listens on 127.0.0.1 on a free port (written to PORT_FILE once listening) and answers
 ``GET /api/v2/dags/~/dagRuns/~/taskInstances?queue=Q&state=S&limit=0`` with
-``{"total_entries": N}``, where N is a stable number derived from the queue and state. It
+``{"total_entries": N}``, where N is a stable number derived from the queue and state (summed over
+the states when several are given, as Airflow counts task instances in any of them). It
 counts the requests it served and reports the total at ``GET /requests``.
 """
 
@@ -53,8 +54,9 @@ class Handler(BaseHTTPRequestHandler):
         q = parse_qs(url.query)
         with lock:
             served += 1
-        queue, state = q.get("queue", [""])[0], q.get("state", [""])[0]
-        self._send(200, {"task_instances": [], "total_entries": entries(queue, state)})
+        queue = q.get("queue", [""])[0]
+        total = sum(entries(queue, state) for state in q.get("state", [""]))
+        self._send(200, {"task_instances": [], "total_entries": total})
 
 
 def main() -> None:

@@ -385,13 +385,12 @@ def test_adapter_rule_equals_airflows_queued_plus_running_not_times_the_pods(air
         for o in followed[w.deployment]:
             print("  " + o.row())
 
-    # Where the rule said more than Airflow's (steady) count: mostly lag (the agents refresh every
-    # 2 s, Prometheus scrapes every 1 s, tasks finish in Airflow first). The agent also reads
-    # `queued` and `running` in two requests, so a task that starts between them is counted in
-    # both until the next refresh: at most the Deployment's slots too many.
+    # Where the rule said more than Airflow's (steady) count: lag (the agents refresh every 2 s,
+    # Prometheus scrapes every 1 s, tasks finish in Airflow first). The agent reads queued +
+    # running as one count, so a task that starts during a read is not counted twice.
     above = [o for o in observations if o.stable and o.rule is not None and o.rule > o.backlog]
     if above:
-        print("\nrule above Airflow's count (refresh/scrape lag, or the agent's two-request read):")
+        print("\nrule above Airflow's count (refresh/scrape lag):")
         for o in above:
             print("  " + o.row())
 

@@ -296,7 +296,7 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, python_e
     if source == "airflow-api":
         source_config = {"type": "airflow-api", "airflowApi": {"url": airflow.api_base}}
         env = {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"}
-        upstream_per_refresh = 2  # queued + running counts for the one distinct queue
+        upstream_per_refresh = 2  # the queued+running and the queued count of the one distinct queue
     else:
         role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
         airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")

@@ -159,7 +159,13 @@ impl FakeAirflow {
             return json_response(401, serde_json::json!({"detail": "Not authenticated"}));
         }
         let q = query_params(&req);
-        let (Some(queue), Some(state)) = (q.get("queue"), q.get("state")) else {
+        // Several `state` parameters count the task instances in any of them, as Airflow does.
+        let states: Vec<String> =
+            url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+                .filter(|(k, _)| k == "state")
+                .map(|(_, v)| v.into_owned())
+                .collect();
+        let (Some(queue), false) = (q.get("queue"), states.is_empty()) else {
             return json_response(
                 400,
                 serde_json::json!({"detail": "queue and state required"}),
@@ -171,13 +177,16 @@ impl FakeAirflow {
         if self.failing.lock().unwrap().contains(queue) {
             return json_response(500, serde_json::json!({"detail": "Internal Server Error"}));
         }
-        let n = self
-            .counts
-            .lock()
-            .unwrap()
-            .get(&(queue.clone(), state.clone()))
-            .copied()
-            .unwrap_or(0);
+        let counts = self.counts.lock().unwrap();
+        let n: u64 = states
+            .iter()
+            .map(|state| {
+                counts
+                    .get(&(queue.clone(), state.clone()))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum();
         json_response(
             200,
             serde_json::json!({"task_instances": [], "total_entries": n}),
