@@ -171,8 +171,9 @@ class FakeAirflow(BaseHTTPRequestHandler):
                 self.headers.get("Authorization") != f"Bearer {TOKEN}":
             body, status = b'{"detail": "no"}', 404
         else:
-            state = re.search(r"state=(\w+)", self.path).group(1)
-            body, status = json.dumps({"task_instances": [], "total_entries": self.counts.get(state, 0)}).encode(), 200
+            # Several `state` parameters count the task instances in any of them, as Airflow does.
+            total = sum(self.counts.get(state, 0) for state in re.findall(r"state=(\w+)", self.path))
+            body, status = json.dumps({"task_instances": [], "total_entries": total}).encode(), 200
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
