@@ -13,27 +13,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 . tests/lib/cache.sh
+. tests/lib/cargo-target.sh
 
-# System packages the demo needs (Debian; root installs them when missing).
-command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
-missing=()
-command -v python3 >/dev/null || missing+=(python3)
-python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "install these Debian packages first: ${missing[*]}" >&2
-    exit 1
-  fi
-  echo "installing: ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+bash tests/lib/prerequisites.sh
 
-# The same target folder as tests/run.sh: one build serves the tests and the demo.
-toolchain="$(rustc -V | sha256sum | cut -c1-12)"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ASTRO_CACHE_DIR/cargo-target-$toolchain}"
 if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
   echo "==> cargo build --release -p astro-agent -p astro-sentinel" >&2
   cargo build --release -p astro-agent -p astro-sentinel >&2

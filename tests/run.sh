@@ -18,17 +18,17 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 . tests/lib/cache.sh
+. tests/lib/cargo-target.sh
 
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(rust chart e2e keda demo docker)
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 step() { printf '\n==> %s\n' "$*"; }
+# pytest in the cached tools venv
+pytest() { "$(bash tests/e2e/venvs.sh tools)/bin/python" -m pytest -p no:cacheprovider -v "$@"; }
 
-bash tests/lib/prerequisites.sh
+bash tests/lib/prerequisites.sh go curl
 
-# One target folder per toolchain, outside the clone, so a fresh clone reuses built deps.
-toolchain="$(rustc -V | sha256sum | cut -c1-12)"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ASTRO_CACHE_DIR/cargo-target-$toolchain}"
 # The binaries every later stage tests (none of them skips for want of a build).
 export ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"
 export ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
@@ -42,9 +42,7 @@ if want rust; then
   cargo test --workspace --release
   step "cargo build --release"
   cargo build --workspace --release
-fi
-
-if ! want rust; then
+else
   cargo build --workspace --release  # a no-op when up to date
 fi
 
@@ -55,8 +53,7 @@ fi
 
 if want e2e; then
   step "end-to-end tests against a real Airflow"
-  tools="$(bash tests/e2e/venvs.sh tools)"
-  "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/e2e
+  pytest tests/e2e
 fi
 
 if want keda; then
@@ -66,12 +63,10 @@ fi
 
 if want demo; then
   step "demo (short mode), scaler rules, README reference vs --help"
-  tools="$(bash tests/e2e/venvs.sh tools)"
-  "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/demo
+  pytest tests/demo
 fi
 
 if want docker; then
   step "container images (podman: Sentinel FROM scratch; agent Dockerfile checks)"
-  tools="$(bash tests/e2e/venvs.sh tools)"
-  "$tools/bin/python" -m pytest -p no:cacheprovider -v tests/docker
+  pytest tests/docker
 fi

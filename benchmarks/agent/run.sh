@@ -4,7 +4,7 @@
 #
 #   benchmarks/agent/run.sh [--quick] [--out FILE] [--workers astro-agent,python]
 #
-# Builds the agent (cargo build --release -p astro-agent, into $CARGO_TARGET_DIR when set),
+# Builds the agent (cargo build --release -p astro-agent, into the cached target folder),
 # gets the cached Python venvs (tests/e2e/venvs.sh), then runs bench.py, which starts and
 # stops every process itself (by PID, also on failure or Ctrl-C). A full run takes about
 # 15 minutes; --quick is a smoke run of a few minutes.
@@ -12,28 +12,13 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 . tests/lib/cache.sh
+. tests/lib/cargo-target.sh
 
-# System packages: only what this benchmark needs (Debian; root installs them).
-command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
-missing=()
-command -v python3 >/dev/null || missing+=(python3)
-python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "install these Debian packages first: ${missing[*]}" >&2
-    exit 1
-  fi
-  echo "installing: ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+bash tests/lib/prerequisites.sh
 
 echo "==> cargo build --release -p astro-agent" >&2
 cargo build --release -p astro-agent >&2
-target="${CARGO_TARGET_DIR:-$root/target}"
-export ASTRO_AGENT_BIN="${ASTRO_AGENT_BIN:-$target/release/astro-agent}"
+export ASTRO_AGENT_BIN="${ASTRO_AGENT_BIN:-$CARGO_TARGET_DIR/release/astro-agent}"
 [ -x "$ASTRO_AGENT_BIN" ] || { echo "no agent binary at $ASTRO_AGENT_BIN" >&2; exit 1; }
 
 echo "==> Python venvs" >&2

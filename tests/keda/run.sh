@@ -10,14 +10,15 @@
 #   go/<go version>/{mod,build}  Go modules (KEDA pinned in go.mod) and the build cache
 #   the pinned helm (tests/chart/helm.sh), the tools and airflow venvs (tests/e2e/venvs.sh)
 #   astro-sentinel: $ASTRO_SENTINEL_BIN, else `cargo build --release -p astro-sentinel` into
-#   ${CARGO_TARGET_DIR:-target}
+#   the cached target folder (tests/lib/cargo-target.sh)
 # Environment for experiments: KEDA_CONTRACT_CHART (another chart folder),
 # KEDA_CONTRACT_EXTRA_VALUES (values files, ':'-separated, added to every scenario).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 . "$root/tests/lib/cache.sh"
-bash "$root/tests/lib/prerequisites.sh"
+. "$root/tests/lib/cargo-target.sh"
+bash "$root/tests/lib/prerequisites.sh" go
 
 # One KEDA pin: go.mod must require the version the chart tests read the CRDs from.
 . "$root/tests/chart/pins.env"
@@ -37,9 +38,7 @@ ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
 tools="$(bash "$root/tests/e2e/venvs.sh" tools)"
 if [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
   (cd "$root" && cargo build --release -p astro-sentinel)
-  target="${CARGO_TARGET_DIR:-target}"
-  case "$target" in /*) ;; *) target="$root/$target" ;; esac
-  ASTRO_SENTINEL_BIN="$target/release/astro-sentinel"
+  ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
 fi
 [ -x "$ASTRO_SENTINEL_BIN" ] || { echo "no astro-sentinel binary at $ASTRO_SENTINEL_BIN" >&2; exit 1; }
 

@@ -270,40 +270,15 @@ func decodeDocuments(data []byte) ([]client.Object, error) {
 	}
 }
 
-func (sc *scenario) configMap(name string) *corev1.ConfigMap {
-	for _, c := range sc.ConfigMaps {
-		if c.Name == name {
-			return c
+// named is the object called name among objs, or nil.
+func named[T client.Object](objs []T, name string) T {
+	for _, o := range objs {
+		if o.GetName() == name {
+			return o
 		}
 	}
-	return nil
-}
-
-func (sc *scenario) secret(name string) *corev1.Secret {
-	for _, s := range sc.Secrets {
-		if s.Name == name {
-			return s
-		}
-	}
-	return nil
-}
-
-func (sc *scenario) deployment(name string) *appsv1.Deployment {
-	for _, d := range sc.Deployments {
-		if d.Name == name {
-			return d
-		}
-	}
-	return nil
-}
-
-func (sc *scenario) service(name string) *corev1.Service {
-	for _, s := range sc.Services {
-		if s.Name == name {
-			return s
-		}
-	}
-	return nil
+	var none T
+	return none
 }
 
 // workerNames lists the KEDA workers the values ask for, sorted.

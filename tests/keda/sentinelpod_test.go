@@ -87,7 +87,7 @@ func sentinelBehind(sc *scenario, rawURL string) (*sentinelPod, error) {
 	if labelsOfHost[1] != sc.Info.Namespace {
 		return nil, fmt.Errorf("url %s: namespace %q, but the release is in %q", rawURL, labelsOfHost[1], sc.Info.Namespace)
 	}
-	svc := sc.service(labelsOfHost[0])
+	svc := named(sc.Services, labelsOfHost[0])
 	if svc == nil {
 		return nil, fmt.Errorf("url %s: no rendered Service %q", rawURL, labelsOfHost[0])
 	}
@@ -211,7 +211,7 @@ func fileInContainer(sc *scenario, d *appsv1.Deployment, c corev1.Container, fil
 		}
 		switch {
 		case v.ConfigMap != nil:
-			cm := sc.configMap(v.ConfigMap.Name)
+			cm := named(sc.ConfigMaps, v.ConfigMap.Name)
 			if cm == nil {
 				return nil, fmt.Errorf("%s: ConfigMap %s is neither rendered nor provided", file, v.ConfigMap.Name)
 			}
@@ -224,7 +224,7 @@ func fileInContainer(sc *scenario, d *appsv1.Deployment, c corev1.Container, fil
 			}
 			return nil, fmt.Errorf("%s: ConfigMap %s has no key %q", file, cm.Name, key)
 		case v.Secret != nil:
-			s := sc.secret(v.Secret.SecretName)
+			s := named(sc.Secrets, v.Secret.SecretName)
 			if s == nil {
 				return nil, fmt.Errorf("%s: Secret %s is neither rendered nor provided", file, v.Secret.SecretName)
 			}

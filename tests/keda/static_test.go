@@ -38,7 +38,7 @@ func TestRenderedObjectsAreWhatKEDAReads(t *testing.T) {
 			t.Errorf("worker %s: no ScaledObject targets it", name)
 			continue
 		}
-		if so.Spec.ScaleTargetRef.Kind != "Deployment" || sc.deployment(name) == nil {
+		if so.Spec.ScaleTargetRef.Kind != "Deployment" || named(sc.Deployments, name) == nil {
 			t.Errorf("ScaledObject %s: scale target %s/%s is not a rendered Deployment", so.Name, so.Spec.ScaleTargetRef.Kind, name)
 		}
 		bt := onlyBacklogTrigger(t, so)

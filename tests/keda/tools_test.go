@@ -225,7 +225,7 @@ func writeProvidedSecrets(dir, namespace string) error {
 	}
 	want := map[string][]string{}
 	need := func(name, key string) {
-		if name != "" && sc.secret(name) == nil && !slices.Contains(want[name], key) {
+		if name != "" && named(sc.Secrets, name) == nil && !slices.Contains(want[name], key) {
 			want[name] = append(want[name], key)
 		}
 	}

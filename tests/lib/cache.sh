@@ -4,3 +4,4 @@
 ASTRO_CACHE_DIR="${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}"
 mkdir -p "$ASTRO_CACHE_DIR"
 export ASTRO_CACHE_DIR
+
