@@ -3,7 +3,8 @@
 Runs ``bash demo/run.sh --short`` exactly as a newcomer would (it builds what is missing,
 unless ``ASTRO_AGENT_BIN`` / ``ASTRO_SENTINEL_BIN`` point at built binaries, as
 tests/run.sh sets them) and checks its success line, its exit code and its summary:
-every task succeeded, the pool went 0 -> max -> 0 and every worker drained and exited 0.
+every task succeeded, the pool went 0 -> max, down to one worker for the straggler, then to 0,
+and every worker drained and exited 0.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def test_demo_short_mode_ends_with_its_success_check(tmp_path):
     assert s["task_states"] == {"success": 12}
     assert s["run_state"] == "success"
     assert s["peak_workers"] == 3 and s["peak_wanted"] == 3
+    # 0 -> 1 (activation) -> 3, then down while the straggler still runs, to 1, then to 0
+    steps = s["replica_steps"]
+    assert steps[:3] == [0, 1, 3] and steps[-2:] == [1, 0], steps
+    assert steps[2:] == sorted(steps[2:], reverse=True), steps
     # every worker it started was stopped by the scaler's SIGTERM and drained cleanly
     assert len(s["exits"]) == s["workers_started"] >= 3
     assert all(e["code"] == 0 and e["how"] == "drain" for e in s["exits"]), s["exits"]
