@@ -12,15 +12,27 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let mut interval = tokio::time::interval(ctx.config.heartbeat_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut backoff = Backoff::for_airflow();
+    let mut last_state = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = interval.tick() => {}
-            _ = ctx.heartbeat_now.notified() => {}
+            _ = ctx.heartbeat_now.notified() => {
+                // Between beats Airflow needs to hear at once only that the state changed
+                // (idle <-> running); a job count alone waits for the interval, so a busy
+                // worker does not add two requests per task to the api-server's load.
+                if Some(current_state(&ctx)) == last_state {
+                    continue;
+                }
+            }
             _ = ctx.drain.cancelled(), if !ctx.drain.is_cancelled() => {}
         }
         // Retry a failed beat with backoff, but never longer apart than the interval itself.
-        while !beat(&ctx).await {
+        loop {
+            if let Some(sent) = beat(&ctx).await {
+                last_state = Some(sent);
+                break;
+            }
             let delay = backoff.next_delay().min(ctx.config.heartbeat_interval);
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -31,8 +43,13 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     }
 }
 
-/// One heartbeat; `true` when Airflow accepted it.
-async fn beat(ctx: &Context) -> bool {
+fn current_state(ctx: &Context) -> WorkerState {
+    ctx.status
+        .state(ctx.jobs_active(), ctx.drain.is_cancelled())
+}
+
+/// One heartbeat; the state it told Airflow when Airflow accepted it.
+async fn beat(ctx: &Context) -> Option<WorkerState> {
     let jobs = ctx.jobs_active();
     let state = ctx.status.state(jobs, ctx.drain.is_cancelled());
     // While jobs still run, `offline` would be a lie: the drain reports `terminating`.
@@ -55,14 +72,14 @@ async fn beat(ctx: &Context) -> bool {
                 tracing::info!("Airflow requested shutdown: draining");
                 ctx.drain.cancel();
             }
-            true
+            Some(state)
         }
         Err(e) if e.status() == Some(400) => {
             // Airflow refuses heartbeats from a worker whose versions no longer match (the
             // server was upgraded under us): stop taking work, let running tasks finish.
             tracing::error!(error = %e, "Airflow refused the heartbeat (version mismatch?): draining");
             ctx.drain.cancel();
-            true
+            Some(state)
         }
         Err(e) if e.status() == Some(404) => {
             // An admin deleted this worker in Airflow's UI while it ran: register again, so
@@ -72,16 +89,16 @@ async fn beat(ctx: &Context) -> bool {
                 .status
                 .body(state, jobs, ctx.slots.total(), ctx.slots.free());
             match ctx.edge.register(&ctx.config.worker_name, &body).await {
-                Ok(_) => true,
+                Ok(_) => Some(state),
                 Err(e) => {
                     tracing::warn!(error = %e, "registering again failed");
-                    false
+                    None
                 }
             }
         }
         Err(e) => {
             tracing::warn!(error = %e, "heartbeat failed");
-            false
+            None
         }
     }
 }

@@ -13,8 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
 
-/// How often a running task's new log lines are pushed.
-const LOG_PUSH_INTERVAL: Duration = Duration::from_secs(3);
+/// How often a running task's new log lines are pushed, the first time after one interval:
+/// the Python worker's cadence (`job_poll_interval`) without its push at the very start, when
+/// the log holds little more than the supervisor's first lines. Each push is a request the
+/// api-server serves while it also starts and ends tasks; the last lines go out at the end.
+const LOG_PUSH_INTERVAL: Duration = Duration::from_secs(5);
 /// Attempts at the last log push before the final state is reported anyway.
 const FINAL_LOG_ATTEMPTS: u32 = 5;
 /// How much of the supervisor's own output is added to the log of a failed task.
@@ -57,7 +60,10 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
                 Backoff::for_airflow()
             ));
             let mut running_reported = false;
-            let mut tick = tokio::time::interval(LOG_PUSH_INTERVAL);
+            let mut tick = tokio::time::interval_at(
+                tokio::time::Instant::now() + LOG_PUSH_INTERVAL,
+                LOG_PUSH_INTERVAL,
+            );
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let exit = {
                 let mut wait = std::pin::pin!(process.wait(&ctx.kill));

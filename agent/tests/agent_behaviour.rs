@@ -84,6 +84,38 @@ async fn never_more_than_sync_slots_and_freed_slots_refill_at_once() {
 }
 
 #[tokio::test]
+async fn a_busy_worker_heartbeats_when_its_state_changes_not_per_job() {
+    let fake = FakeAirflow::start().await;
+    for i in 0..12 {
+        fake.add_job(&format!("h{i}"), 0.3, 0);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = start_agent(
+        &fake,
+        dir.path(),
+        &["--sync-slots", "3", "--heartbeat-interval", "60s"],
+    )
+    .await;
+    agent
+        .until(&fake, "12 tasks finished, then idle reported", T, |s| {
+            s.finished.len() == 12 && s.heartbeats.last().map(String::as_str) == Some("idle")
+        })
+        .await;
+    fake.with(|s| {
+        // idle (the first beat), running (the first job), idle (the last one done) - not a
+        // beat for every job that starts or ends (24 here).
+        assert!(
+            s.heartbeats.iter().any(|h| h == "running"),
+            "{:?}",
+            s.heartbeats
+        );
+        assert!(s.heartbeats.len() <= 5, "{:?}", s.heartbeats);
+    });
+    agent.signal(Signal::SIGTERM);
+    assert_eq!(agent.exit_code(T).await, 0);
+}
+
+#[tokio::test]
 async fn sigterm_drains_running_tasks_and_exits_zero() {
     let fake = FakeAirflow::start().await;
     for i in 0..4 {

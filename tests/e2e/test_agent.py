@@ -78,7 +78,13 @@ def test_two_agents_run_40_tasks_within_their_slots_and_ship_logs(airflow, trigg
         peak = max_concurrency(items)
         assert 1 <= peak <= 4, f"{host} ran {peak} tasks at once"
 
-    # The agents' log folders are their own, so Airflow can only show what they pushed.
+    # The agents' log folders are their own, so Airflow can only show what they pushed. A task
+    # instance is `success` once its supervisor says so; its agent pushes the last log lines
+    # when the process has ended and then reports the job, which is what is waited for here.
+    def jobs_reported() -> float:
+        return sum(agent.gauge("astro_agent_tasks_finished_total", result="success") or 0 for agent in (a, b))
+
+    wait_for(lambda: jobs_reported() == 40, 120, "both agents to report all 40 jobs")
     for ti in tis:
         text = airflow.client.task_log_text("e2e_short_40", run, ti["task_id"])
         assert f"{MARKER} dag=e2e_short_40 task={ti['task_id']}" in text, text[-2000:]
