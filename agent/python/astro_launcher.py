@@ -7,22 +7,30 @@ sends it forks a process that runs the task exactly as
 the supervisor notices the end of its task without waiting for its next heartbeat (see
 ``_wake_selects_on_child_exit``).
 
+Usage: ``python astro_launcher.py [SPARES]`` (default 1).
+
 Protocol (stdin/stdout of this process): each message is a 4-byte big-endian length followed by
 that many bytes of JSON.
   launcher -> agent, once:  {"ready": true, "pid": <launcher pid>}
+  launcher -> agent:        {"spare": <pid>}   as soon as that process exists (see below)
   agent -> launcher:        {"id", "workload", "output", "claim"}   (paths)
   launcher -> agent:        {"id", "pid": <task pid>}  or  {"id", "error": "<text>"}
 
-Each task is started by a double fork, so that it is not this launcher's child: it is
+Each task process is made by a double fork, so that it is not this launcher's child: it is
 re-parented to the agent (a child subreaper), which waits for it and learns its exit status even
-if this launcher dies. Before running, the task creates ``claim`` exclusively and writes its pid
-there: if the agent has already claimed the job (because the launcher stopped answering and the
-agent started the task another way), the task exits without running, so no job runs twice.
+if this launcher dies. The launcher makes them ahead of time, while it has nothing else to do:
+up to SPARES processes wait, each on its own pipe, for a job, so that starting a task costs no
+fork while the machine is busiest (when tasks end and the next ones start). A spare whose pipe
+closes (the launcher is gone) exits; the agent waits for it like for a task, which is why each
+is announced. Before running, the task creates ``claim`` exclusively and writes its pid there:
+if the agent has already claimed the job (because the launcher stopped answering and the agent
+started the task another way), the task exits without running, so no job runs twice.
 """
 
 import importlib
 import json
 import os
+import select
 import selectors
 import signal
 import struct
@@ -32,23 +40,48 @@ import traceback
 
 #: How often an empty selector looks for an exited child (see _wake_selects_on_child_exit).
 CHILD_EXIT_POLL = 0.005
+#: How long no request must arrive before the launcher makes spares.
+SPARE_AFTER_QUIET = 1.0
 
 
-def _read_message(stream):
-    header = stream.read(4)
-    if len(header) < 4:
+#: Write ends of the spares' job pipes. Only the launcher may hold them: a spare must see its
+#: pipe close when the launcher is gone, so every process forked from the launcher closes them.
+_spare_pipes = []
+
+
+def _close_spare_pipes():
+    for fd in _spare_pipes:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _spare_pipes.clear()
+
+
+def _read_exactly(fd, n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _read_message(fd):
+    header = _read_exactly(fd, 4)
+    if header is None:
         return None
     (length,) = struct.unpack(">I", header)
-    body = stream.read(length)
-    if len(body) < length:
-        return None
-    return json.loads(body)
+    body = _read_exactly(fd, length)
+    return None if body is None else json.loads(body)
 
 
-def _write_message(stream, message):
+def _write_message(fd, message):
     body = json.dumps(message).encode()
-    stream.write(struct.pack(">I", len(body)) + body)
-    stream.flush()
+    frame = struct.pack(">I", len(body)) + body
+    while frame:
+        frame = frame[os.write(fd, frame):]
 
 
 def _wake_selects_on_child_exit():
@@ -131,18 +164,19 @@ def _run_task(request):
             os._exit(code)
 
 
-def _launch(request):
-    """Double-fork the task; return its pid once the intermediate process has exited."""
+def _double_fork(body):
+    """Runs ``body()`` in a grandchild, re-parented to the agent once the intermediate process
+    has exited; returns the grandchild's pid."""
     read_end, write_end = os.pipe()
     intermediate = os.fork()
     if intermediate == 0:
         try:
             os.close(read_end)
-            task = os.fork()
-            if task == 0:
+            grandchild = os.fork()
+            if grandchild == 0:
                 os.close(write_end)
-                _run_task(request)
-            os.write(write_end, str(task).encode())
+                body()
+            os.write(write_end, str(grandchild).encode())
         finally:
             os._exit(0)
     os.close(write_end)
@@ -155,8 +189,59 @@ def _launch(request):
     os.close(read_end)
     os.waitpid(intermediate, 0)
     if not chunks:
-        raise RuntimeError("the intermediate process died before reporting the task's pid")
+        raise RuntimeError("the intermediate process died before reporting the new process's pid")
     return int(b"".join(chunks))
+
+
+def _spare(jobs):
+    """In a spare: wait for one job on the ``jobs`` pipe and run it; exit if the pipe closes."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)  # the protocol pipes are the launcher's, not ours
+    os.dup2(null, 1)
+    os.close(null)
+    request = _read_message(jobs)
+    if request is None:
+        os._exit(0)
+    os.close(jobs)
+    _run_task(request)
+
+
+def _make_spare():
+    """A process waiting for a job, and the pipe that hands it one."""
+    jobs, hand = os.pipe()
+
+    def body():
+        os.close(hand)
+        _spare(jobs)
+
+    try:
+        pid = _double_fork(body)
+    except BaseException:
+        os.close(hand)
+        raise
+    finally:
+        os.close(jobs)
+    return pid, hand
+
+
+def _hand_to_spare(spares, request):
+    """Gives ``request`` to a waiting spare; its pid, or None when none could take it."""
+    while spares:
+        pid, hand = spares.pop(0)
+        _spare_pipes.remove(hand)
+        try:
+            _write_message(hand, request)
+            return pid
+        except OSError:
+            continue  # it died while waiting (the agent has reaped it): try the next one
+        finally:
+            os.close(hand)
+    return None
+
+
+def _quiet_for(fd, seconds):
+    """Whether nothing arrives on ``fd`` for ``seconds``."""
+    return not select.select([fd], [], [], seconds)[0]
 
 
 def _warm_up():
@@ -189,12 +274,14 @@ def _warm_execution_api_client():
 
 
 def main():
+    spare_count = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     # The agent owns our lifetime (we exit when it closes stdin); terminal signals are not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    requests, replies = 0, 1
     # Keep stray prints of imported modules out of the protocol stream.
     sys.stdout = sys.stderr
+    os.register_at_fork(after_in_child=_close_spare_pipes)
 
     # What execute_workload imports on its way to the supervisor, loaded once here.
     import pydantic  # noqa: F401
@@ -206,12 +293,28 @@ def main():
     _warm_up()
 
     _write_message(replies, {"ready": True, "pid": os.getpid()})
+    spares = []
     while True:
+        # Make spares once requests have stopped coming for a moment: tasks start in bursts
+        # (several end at once and their slots refill), and a fork then would take CPU from the
+        # tasks starting; a request never waits for a fork it does not need.
+        while len(spares) < spare_count and _quiet_for(requests, SPARE_AFTER_QUIET):
+            try:
+                pid, hand = _make_spare()
+            except OSError as e:
+                print(f"astro-agent launcher: could not make a spare process: {e}", file=sys.stderr)
+                break
+            spares.append((pid, hand))
+            _spare_pipes.append(hand)
+            _write_message(replies, {"spare": pid})
         request = _read_message(requests)
         if request is None:
             return
         try:
-            _write_message(replies, {"id": request["id"], "pid": _launch(request)})
+            pid = _hand_to_spare(spares, request)
+            if pid is None:
+                pid = _double_fork(lambda: _run_task(request))
+            _write_message(replies, {"id": request["id"], "pid": pid})
         except Exception as e:  # noqa: BLE001 - every failure goes back to the agent
             _write_message(replies, {"id": request.get("id"), "error": f"{type(e).__name__}: {e}"})
 

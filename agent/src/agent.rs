@@ -63,6 +63,7 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
             worker_name: &config.worker_name,
             log_folder: &config.log_folder,
             mode: config.launch_mode,
+            slots: config.sync_slots,
         },
         std::env::vars_os(),
     )

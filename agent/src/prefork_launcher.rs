@@ -5,7 +5,13 @@
 //! the launcher only reports a task's pid, the agent waits for the task itself (see
 //! [`crate::reaper`]). A launcher that dies or stops answering is killed and restarted with
 //! backoff, and until it is ready again tasks start in fresh interpreters.
+//!
+//! The launcher forks processes ahead of time (spares) that wait for a job, so that a task
+//! starts without a fork. Spares are re-parented to the agent like tasks; the launcher
+//! announces each one, and the agent waits for it from then on, so a spare that exits unused
+//! (its launcher died) does not stay a zombie.
 
+use crate::reaper::Reaper;
 use airflow::backoff::Backoff;
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -28,6 +34,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// A launcher that lived this long is considered healthy again (its restart backoff resets).
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+/// Spares beyond this many would start at once only on a very wide worker, and each holds a
+/// process (its pages mostly shared with the launcher).
+const MAX_SPARES: usize = 8;
+/// How long the announcements a dead launcher left in its pipe are read for.
+const LAST_WORDS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What to start a task with, as the launcher needs it.
 pub struct LaunchRequest<'a> {
@@ -41,6 +52,9 @@ pub struct PreforkLauncher {
     python: PathBuf,
     script: PathBuf,
     env: Vec<(OsString, OsString)>,
+    reaper: Arc<Reaper>,
+    /// How many spares the launcher keeps: as many as tasks may start at once (the slots).
+    spares: usize,
     /// The pipes of the launcher that is ready; `None` while there is none.
     channel: Mutex<Option<(ChildStdin, ChildStdout)>>,
     pid: AtomicI32,
@@ -61,6 +75,8 @@ impl PreforkLauncher {
         python: &Path,
         work_dir: &Path,
         env: Vec<(OsString, OsString)>,
+        reaper: Arc<Reaper>,
+        slots: u32,
     ) -> std::io::Result<Arc<Self>> {
         let script = work_dir.join("astro_launcher.py");
         std::fs::write(&script, SCRIPT)?;
@@ -68,6 +84,8 @@ impl PreforkLauncher {
             python: python.to_path_buf(),
             script,
             env,
+            reaper,
+            spares: (slots as usize).clamp(1, MAX_SPARES),
             channel: Mutex::new(None),
             pid: AtomicI32::new(0),
             state: watch::channel(State::Starting).0,
@@ -93,7 +111,7 @@ impl PreforkLauncher {
                             return;
                         }
                     }
-                    self.take_channel().await;
+                    self.read_last_words().await;
                     if started.elapsed() > HEALTHY_AFTER {
                         backoff.reset();
                     }
@@ -114,6 +132,7 @@ impl PreforkLauncher {
     async fn start(&self) -> std::io::Result<tokio::process::Child> {
         let mut child = Command::new(&self.python)
             .arg(&self.script)
+            .arg(self.spares.to_string())
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
@@ -146,6 +165,28 @@ impl PreforkLauncher {
     async fn take_channel(&self) {
         self.channel.lock().await.take();
         self.state.send_replace(State::Down);
+    }
+
+    /// After the launcher has exited: the spares it announced but nobody read about yet.
+    async fn read_last_words(&self) {
+        let channel = self.channel.lock().await.take();
+        self.state.send_replace(State::Down);
+        if let Some((_, mut stdout)) = channel {
+            let _ = tokio::time::timeout(LAST_WORDS_TIMEOUT, self.read_reply(&mut stdout)).await;
+        }
+    }
+
+    /// The next message that is not a spare's announcement; announced spares are waited for.
+    async fn read_reply(&self, stdout: &mut ChildStdout) -> std::io::Result<Value> {
+        loop {
+            let message = read_message(stdout).await?;
+            match message["spare"].as_i64() {
+                // Nobody needs its exit status unless it runs a task, which then watches it
+                // again; until then this only reaps it.
+                Some(pid) if pid > 0 => drop(self.reaper.watch(pid as i32)),
+                _ => return Ok(message),
+            }
+        }
     }
 
     /// The launcher's pid while one runs (0 before the first start).
@@ -182,7 +223,7 @@ impl PreforkLauncher {
         });
         let exchange = async {
             write_message(stdin, &message).await?;
-            read_message(stdout).await
+            self.read_reply(stdout).await
         };
         let answer = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange).await {
             Ok(Ok(answer)) => answer,

@@ -65,6 +65,8 @@ pub struct SpawnerSettings<'a> {
     pub worker_name: &'a str,
     pub log_folder: &'a Path,
     pub mode: LaunchMode,
+    /// Tasks that may run at once (the pre-fork launcher keeps that many processes ready).
+    pub slots: u32,
 }
 
 impl TaskSpawner {
@@ -81,6 +83,7 @@ impl TaskSpawner {
             worker_name,
             log_folder,
             mode,
+            slots,
         } = settings;
         DirBuilder::new()
             .recursive(true)
@@ -115,7 +118,7 @@ impl TaskSpawner {
             LaunchMode::Fresh => None,
             LaunchMode::Prefork => match Reaper::install() {
                 Ok(reaper) => Some((
-                    PreforkLauncher::new(python, &work_dir, env.clone())?,
+                    PreforkLauncher::new(python, &work_dir, env.clone(), reaper.clone(), slots)?,
                     reaper,
                 )),
                 Err(e) => {
@@ -360,6 +363,7 @@ mod tests {
             worker_name: "worker-7",
             log_folder: Path::new("/logs"),
             mode,
+            slots: 2,
         }
     }
 
@@ -698,6 +702,66 @@ if __name__ == "__main__":
         let (_, status) = pf.run("after", 0.0, 0).await;
         assert!(status.success());
         assert_eq!(pf.record("after")["main"], "astro_launcher.py");
+    }
+
+    /// The spares a launcher made: its process group, but not itself (a task leaves the group).
+    fn spares_of(launcher: i32) -> Vec<i32> {
+        let mut spares = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let after_name = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
+            let pgid = after_name
+                .split(' ')
+                .nth(2)
+                .and_then(|f| f.parse::<i32>().ok());
+            if pgid == Some(launcher) && pid != launcher {
+                spares.push(pid);
+            }
+        }
+        spares
+    }
+
+    #[tokio::test]
+    async fn spares_wait_as_children_of_the_agent_and_are_reaped_when_their_launcher_dies() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        ready(&launcher).await;
+        let launcher_pid = launcher.pid();
+        // settings(): 2 slots, so 2 spares.
+        let mut spares = Vec::new();
+        for _ in 0..300 {
+            spares = spares_of(launcher_pid);
+            if spares.len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(spares.len(), 2, "{spares:?}");
+        for pid in &spares {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let ppid = status.lines().find(|l| l.starts_with("PPid:")).unwrap();
+            assert_eq!(
+                ppid.split_whitespace().nth(1),
+                Some(std::process::id().to_string().as_str()),
+                "a spare is the agent's child: {ppid}"
+            );
+        }
+        nix::sys::signal::kill(Pid::from_raw(launcher_pid), Signal::SIGKILL).unwrap();
+        for pid in spares {
+            // Gone from /proc altogether: exited and waited for, not left a zombie.
+            let mut reaped = false;
+            for _ in 0..500 {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    reaped = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(reaped, "spare {pid} is still there");
+        }
     }
 
     #[tokio::test]

@@ -403,14 +403,16 @@ class Bench:
         helpers = descendants(pid)
         helper_cmds = {p: _cmdline(p) for p in helpers}
         rss: list[int] = []
-        tree_rss: list[int] = []
+        tree_pss: list[int] = []
         t0, ticks0, ns0 = time.monotonic(), cpu_ticks(pid), runtime_ns(pid)
         helper_ticks0 = {p: _try(cpu_ticks, p) for p in helpers}
         next_sample = t0
         while True:
             worker.impl.daemon.check_alive()
             rss.append(rss_kib(pid))
-            tree_rss.append(rss[-1] + sum(_try(rss_kib, p) or 0 for p in helpers))
+            # PSS: the launcher's waiting spares share most pages with it; RSS would count
+            # those pages once per process.
+            tree_pss.append(pss_kib(pid) + sum(_try(pss_kib, p) or 0 for p in helpers))
             next_sample += 1.0
             if next_sample - t0 > seconds:
                 break
@@ -423,7 +425,7 @@ class Bench:
         elapsed = t1 - t0
         result = {
             "helpers": [{"pid": p, "cmd": c} for p, c in helper_cmds.items()],
-            "tree_rss_mib_max": mib(max(tree_rss)),
+            "tree_pss_mib_max": mib(max(tree_pss)),
             "tree_cpu_pct": 100.0 * (ticks1 - ticks0 + helper_ticks) / CLK_TCK / elapsed,
             "seconds": elapsed,
             "rss_kib_samples": rss,
@@ -438,7 +440,7 @@ class Bench:
         say(
             f"{worker.name} idle {elapsed:.0f}s: RSS max {result['rss_mib_max']:.1f} MiB, "
             f"CPU {result['cpu_pct']:.3f}% ({ticks1 - ticks0} ticks), schedstat {result['cpu_pct_schedstat']:.4f}%; "
-            f"with {len(helpers)} helper process(es): RSS {result['tree_rss_mib_max']:.1f} MiB, "
+            f"with {len(helpers)} helper process(es): PSS {result['tree_pss_mib_max']:.1f} MiB, "
             f"CPU {result['tree_cpu_pct']:.3f}%"
         )
         return result
@@ -711,7 +713,7 @@ def table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
     rows = [
         row("RSS idle, worker PID (max over idle window)", ("idle", "rss_mib_max"), " MiB", 1,
             f"agent <= {TARGET_AGENT_RSS_IDLE_MIB:g} MiB", "rss"),
-        row("  (info) RSS idle, worker PID + helper processes", ("idle", "tree_rss_mib_max"), " MiB", 1, "-"),
+        row("  (info) PSS idle, worker PID + helper processes", ("idle", "tree_pss_mib_max"), " MiB", 1, "-"),
         row("RSS with 16 tasks running, worker PID only", ("busy16", "rss_mib_max"), " MiB", 1, "-"),
         row("  (info) PSS worker + all task processes, 16 running", ("busy16", "tree_pss_mib_max"), " MiB", 0, "-"),
         row("PSS per running task (that total / 16)", ("busy16", "tree_pss_per_task_mib"), " MiB", 1,
