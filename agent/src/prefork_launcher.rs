@@ -162,16 +162,15 @@ impl PreforkLauncher {
         Ok(child)
     }
 
-    async fn take_channel(&self) {
-        self.channel.lock().await.take();
+    async fn take_channel(&self) -> Option<(ChildStdin, ChildStdout)> {
+        let channel = self.channel.lock().await.take();
         self.state.send_replace(State::Down);
+        channel
     }
 
     /// After the launcher has exited: the spares it announced but nobody read about yet.
     async fn read_last_words(&self) {
-        let channel = self.channel.lock().await.take();
-        self.state.send_replace(State::Down);
-        if let Some((_, mut stdout)) = channel {
+        if let Some((_, mut stdout)) = self.take_channel().await {
             let _ = tokio::time::timeout(LAST_WORDS_TIMEOUT, self.read_reply(&mut stdout)).await;
         }
     }
