@@ -74,7 +74,7 @@ class AirflowStack:
     """Starts and stops one Airflow deployment. All attributes are valid after :meth:`start`.
 
     Attributes:
-        api_base: ``http://127.0.0.1:PORT`` (public REST API, UI, auth).
+        api_base: ``http://HOST:PORT`` (public REST API, UI, auth; HOST is 127.0.0.1 unless given).
         edge_api_url: ``{api_base}/edge_worker/v1`` — astro-agent's ``--api-url``.
         execution_api_url: ``{api_base}/execution/`` — astro-agent's ``--execution-api-url``.
         jwt_secret: the ``[api_auth] jwt_secret`` (text); ``jwt_secret_file`` holds the same
@@ -88,8 +88,15 @@ class AirflowStack:
             ``daemons``, ``total``).
     """
 
-    def __init__(self, dags_folder: Path = DAGS_FOLDER, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        dags_folder: Path = DAGS_FOLDER,
+        extra_env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+    ):
         self.dags_folder = Path(dags_folder)
+        # The api-server's address: the cluster stage's pods reach it on a non-loopback one.
+        self.host = host
         self.extra_env = dict(extra_env or {})
         self.workdir: Path | None = None
         self.port: int | None = None
@@ -105,7 +112,7 @@ class AirflowStack:
 
     @property
     def api_base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def edge_api_url(self) -> str:
@@ -333,7 +340,7 @@ class AirflowStack:
     def _start_daemon(self, name: str) -> None:
         argv = [str(self.airflow_bin_dir / "airflow"), name]
         if name == "api-server":
-            argv += ["-H", "127.0.0.1", "-p", str(self.port)]
+            argv += ["-H", self.host, "-p", str(self.port)]
         daemon = Daemon(name, argv, self.server_env(), self.workdir / f"{name}.log", cwd=self.workdir)
         self._daemons[name] = daemon.start()
 

@@ -1,0 +1,13 @@
+// Command etcd is etcd's own server entry point, built from the Go module proxy for the
+// cluster test stage (etcd publishes no main package as a module).
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}
