@@ -124,11 +124,15 @@ class PrometheusServer:
     """One Prometheus on 127.0.0.1:<free port> with ``config`` (a dict, written as JSON,
     which Prometheus reads as YAML) and a temporary data directory.
 
+    ``bin_dir``: a folder with ``prometheus`` and ``promtool`` to run instead of Debian's (e.g.
+    a build with Kubernetes service discovery, which Debian's package leaves out).
+
     Attributes after :meth:`start`: ``url``, ``port``, ``folder`` (config, data, log).
     """
 
-    def __init__(self, config: dict, folder: Path | None = None):
+    def __init__(self, config: dict, folder: Path | None = None, bin_dir: Path | None = None):
         self.config = config
+        self.bin_dir = Path(bin_dir) if bin_dir else None
         self._own_folder = folder is None
         self.folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="astro-e2e-prometheus-"))
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -143,7 +147,10 @@ class PrometheusServer:
         self.stop()
 
     def start(self, timeout: float = 120.0) -> "PrometheusServer":
-        prometheus, promtool_bin = binaries()
+        if self.bin_dir:
+            prometheus, promtool_bin = self.bin_dir / "prometheus", self.bin_dir / "promtool"
+        else:
+            prometheus, promtool_bin = binaries()
         config_file = self.folder / "prometheus.yml"
         config_file.write_text(json.dumps(self.config, indent=2))
         check = subprocess.run([str(promtool_bin), "check", "config", str(config_file)],

@@ -1,0 +1,236 @@
+"""The test cluster as the scenarios see it: the official Kubernetes Python client against the
+real API server, plus two recorders a scenario reads afterwards — the pods' life stories (from a
+watch: created, scheduled or not, ready, deleted, how their containers ended) and a replica
+timeline (backlog, desired, replicas, ready, sampled once a second)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+
+class Cluster:
+    """Typed API handles with the admin identity, and a few reads the scenarios share."""
+
+    def __init__(self, server: str, ca_file: str, token: str):
+        config = client.Configuration()
+        config.host = server
+        config.ssl_ca_cert = ca_file
+        config.api_key = {"authorization": f"Bearer {token}"}
+        self.api = client.ApiClient(config)
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.autoscaling = client.AutoscalingV2Api(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
+
+    def get_json(self, path: str) -> Any:
+        """GET an API path (e.g. an aggregated metrics API) and return the decoded JSON."""
+        data, _, _ = self.api.call_api(
+            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=False
+        )
+        return data
+
+    def scaled_object(self, namespace: str, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object("keda.sh", "v1alpha1", namespace, "scaledobjects", name)
+
+    def hpa(self, namespace: str, name: str):
+        """The HPA, or None while it does not exist."""
+        try:
+            return self.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def deployment(self, namespace: str, name: str):
+        return self.apps.read_namespaced_deployment(name, namespace)
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str:
+        import base64
+
+        secret = self.core.read_namespaced_secret(name, namespace)
+        return base64.b64decode(secret.data[key]).decode()
+
+
+def condition(obj: dict, kind: str) -> str | None:
+    """``status`` of the condition ``kind`` of a custom object (dict form), else None."""
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c.get("status")
+    return None
+
+
+# ---- pods' life stories ----------------------------------------------------------------
+
+
+@dataclass
+class PodStory:
+    """What happened to one pod, as seen through a watch of its namespace."""
+
+    name: str
+    node: str | None = None
+    created: float | None = None
+    ready_at: float | None = None
+    unschedulable_at: float | None = None
+    deletion_requested_at: float | None = None
+    grace_period: int | None = None
+    exit_code: int | None = None
+    finished_at: datetime | None = None
+    started_at: datetime | None = None
+    deleted_at: float | None = None
+    phases: list[str] = field(default_factory=list)
+
+
+class PodRecorder(threading.Thread):
+    """Watches the pods of ``namespace`` matching ``selector`` and keeps a :class:`PodStory` each.
+
+    The kubelet stand-in reports a container's end (exit code, finish time) in the pod status
+    before it finishes the deletion, so a story holds how each deleted worker's agent exited.
+    """
+
+    def __init__(self, cluster: Cluster, namespace: str, selector: str):
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.selector = cluster, namespace, selector
+        self.stories: dict[str, PodStory] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        resource_version = None
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    self.cluster.core.list_namespaced_pod, self.namespace, label_selector=self.selector,
+                    resource_version=resource_version, timeout_seconds=5,
+                ):
+                    pod = event["object"]
+                    resource_version = pod.metadata.resource_version
+                    self._record(event["type"], pod)
+                    if self._stop.is_set():
+                        break
+            except ApiException as e:
+                if e.status == 410:  # too old: start from a fresh list
+                    resource_version = None
+                    continue
+                raise
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=10)
+
+    def snapshot(self) -> dict[str, PodStory]:
+        with self._lock:
+            return {k: PodStory(**vars(v)) for k, v in self.stories.items()}
+
+    def _record(self, kind: str, pod) -> None:
+        now = time.time()
+        with self._lock:
+            story = self.stories.setdefault(pod.metadata.name, PodStory(pod.metadata.name, created=now))
+            story.node = pod.spec.node_name or story.node
+            status = pod.status
+            if status.phase and (not story.phases or story.phases[-1] != status.phase):
+                story.phases.append(status.phase)
+            for c in status.conditions or []:
+                if c.type == "Ready" and c.status == "True" and story.ready_at is None:
+                    story.ready_at = now
+                if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                    story.unschedulable_at = story.unschedulable_at or now
+            if pod.metadata.deletion_timestamp and story.deletion_requested_at is None:
+                story.deletion_requested_at = now
+                story.grace_period = pod.metadata.deletion_grace_period_seconds
+            for cs in status.container_statuses or []:
+                if cs.state and cs.state.terminated:
+                    story.exit_code = cs.state.terminated.exit_code
+                    story.finished_at = cs.state.terminated.finished_at
+                    story.started_at = cs.state.terminated.started_at
+            if kind == "DELETED":
+                story.deleted_at = now
+
+
+# ---- replica timeline ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    backlog: float | None
+    desired: int | None
+    replicas: int
+    ready: int
+    pending: int
+
+
+class ReplicaTimeline(threading.Thread):
+    """Samples a worker Deployment once a second: the backlog ``backlog()`` returns (the
+    Sentinel's, as KEDA reads it), the HPA's desired replicas, the Deployment's replicas and
+    ready replicas, and how many of its pods wait unscheduled."""
+
+    def __init__(self, cluster: Cluster, namespace: str, deployment: str, hpa: str,
+                 backlog: Callable[[], float | None], pods: PodRecorder | None = None):
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.deployment, self.hpa_name = cluster, namespace, deployment, hpa
+        self.backlog, self.pods = backlog, pods
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self.t0 = time.time()
+
+    def run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                d = self.cluster.deployment(self.namespace, self.deployment)
+                hpa = self.cluster.hpa(self.namespace, self.hpa_name)
+                pending = 0
+                if self.pods is not None:
+                    pending = sum(
+                        1 for s in self.pods.snapshot().values()
+                        if s.unschedulable_at and not s.node and s.deleted_at is None
+                    )
+                self.samples.append(Sample(
+                    t=time.time() - self.t0,
+                    backlog=self._backlog(),
+                    desired=hpa.status.desired_replicas if hpa and hpa.status else None,
+                    replicas=d.spec.replicas or 0,
+                    ready=d.status.ready_replicas or 0,
+                    pending=pending,
+                ))
+            except ApiException:
+                continue  # one missed sample; the API server answers again on the next
+
+    def _backlog(self) -> float | None:
+        try:
+            return self.backlog()
+        except Exception:
+            return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=10)
+
+    def table(self) -> str:
+        """The timeline, one line per change (time, backlog, desired, replicas, ready, pending)."""
+        lines = ["    t(s)  backlog  desired  replicas  ready  pending"]
+        last = None
+        for s in self.samples:
+            row = (s.backlog, s.desired, s.replicas, s.ready, s.pending)
+            if row != last:
+                backlog = "-" if s.backlog is None else f"{s.backlog:g}"
+                desired = "-" if s.desired is None else str(s.desired)
+                lines.append(f"  {s.t:6.1f}  {backlog:>7}  {desired:>7}  {s.replicas:>8}  {s.ready:>5}  {s.pending:>7}")
+                last = row
+        return "\n".join(lines)
+
+    def replica_steps(self) -> list[int]:
+        """The Deployment's ``spec.replicas`` values in order, repeats collapsed."""
+        steps: list[int] = []
+        for s in self.samples:
+            if not steps or steps[-1] != s.replicas:
+                steps.append(s.replicas)
+        return steps

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The cluster stage: the chart, the agent and the Sentinel on a real Kubernetes control plane
+# (kube-apiserver, kube-controller-manager, kube-scheduler, etcd), with KEDA's real operator and
+# metrics API server, a real Prometheus and prometheus-adapter, against a real Airflow 3.
+# Only the kubelet is stood in for (node_standin.py: pods run as processes).
+#
+#   tests/cluster/run.sh [pytest args]
+#
+# Builds (cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}): the control plane, KEDA and
+# prometheus-adapter (build.sh), helm (tests/chart/helm.sh), the venvs (tests/e2e/venvs.sh) and,
+# unless ASTRO_AGENT_BIN / ASTRO_SENTINEL_BIN name them, the two binaries.
+#
+# Everything runs in a private network and mount namespace (unshare): its `lo` carries
+# 10.200.0.1, where the API server and every server the cluster routes to listen (the API server
+# refuses loopback addresses in Endpoints); pods get their own network namespaces, joined to it
+# by veth pairs; a hosts file bind-mounted over /etc/hosts inside stands in for cluster DNS.
+# Nothing listens outside the namespace, and it all disappears with it.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+. "$root/tests/lib/cache.sh"
+. "$root/tests/lib/cargo-target.sh"
+bash "$root/tests/lib/prerequisites.sh" go
+command -v unshare >/dev/null && command -v nsenter >/dev/null && command -v ip >/dev/null \
+  && command -v openssl >/dev/null || {
+  [ "$(id -u)" -eq 0 ] || { echo "the cluster stage needs util-linux, iproute2 and openssl (and root)" >&2; exit 1; }
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends util-linux iproute2 openssl >/dev/null
+}
+[ "$(id -u)" -eq 0 ] || { echo "the cluster stage needs root (network namespaces, mounts)" >&2; exit 1; }
+
+start=$SECONDS
+ASTRO_CLUSTER_BIN="$(bash "$here/build.sh")"
+echo "control plane binaries ready in $((SECONDS - start)) s: $ASTRO_CLUSTER_BIN"
+ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
+tools="$(bash "$root/tests/e2e/venvs.sh" tools)"
+bash "$root/tests/e2e/venvs.sh" airflow >/dev/null
+if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
+  (cd "$root" && cargo build --release -p astro-agent -p astro-sentinel)
+  ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"
+  ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
+fi
+export ASTRO_CLUSTER_BIN ASTRO_HELM ASTRO_AGENT_BIN ASTRO_SENTINEL_BIN
+
+# Pods mount emptyDirs over /tmp in their own mount namespaces: keep the stage's files elsewhere.
+work="$(mktemp -d /var/tmp/astro-cluster.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+export ASTRO_CLUSTER_WORK="$work"
+
+unshare --net --mount --propagation private -- bash -c '
+  set -euo pipefail
+  ip link set lo up
+  ip addr add 10.200.0.1/32 dev lo
+  sysctl -qw net.ipv4.ip_forward=1
+  : > "$ASTRO_CLUSTER_WORK/hosts"
+  mount --bind "$ASTRO_CLUSTER_WORK/hosts" /etc/hosts
+  export TMPDIR="$ASTRO_CLUSTER_WORK"
+  cd "$1"; shift
+  exec "$@"
+' cluster-stage "$root" "$tools/bin/python" -m pytest -p no:cacheprovider -v -s tests/cluster "$@"

@@ -1,0 +1,95 @@
+"""Scenario 1: helm install, upgrade and uninstall of the chart against the real API server, with
+KEDA's CRDs and operator: every object admitted, the Sentinel Ready, KEDA READY on each
+ScaledObject, an upgrade's syncSlots reaching the ScaledObject and KEDA's HPA, nothing left."""
+
+from __future__ import annotations
+
+from kubernetes import dynamic
+from kubernetes.client.rest import ApiException
+
+from conftest import chart_values
+from kube import condition
+from procs import wait_for
+
+NAMESPACE = "astro-install"
+
+
+def _workers(sync_slots_alpha: int) -> list[dict]:
+    keda = {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 3, "pollingInterval": 2}
+    return [
+        {"name": "alpha", "queues": ["cluster-install-a"], "syncSlots": sync_slots_alpha, "keda": keda},
+        {"name": "beta", "queues": ["cluster-install-b", "cluster-install-c"], "syncSlots": 2, "keda": keda},
+    ]
+
+
+def _live(client: dynamic.DynamicClient, obj: dict) -> dict | None:
+    resource = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    namespace = obj["metadata"].get("namespace", NAMESPACE) if resource.namespaced else None
+    try:
+        return resource.get(name=obj["metadata"]["name"], namespace=namespace).to_dict()
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _trigger_target(scaled_object: dict) -> str:
+    (trigger,) = [t for t in scaled_object["spec"]["triggers"] if t["type"] == "metrics-api"]
+    return trigger["metadata"]["targetValue"]
+
+
+def test_install_upgrade_uninstall(cluster, nodes, keda, airflow, release_factory):
+    release = release_factory("install", NAMESPACE)
+    values = chart_values(airflow)
+    values["workers"] = _workers(4)
+    release.install(values)
+    objects = release.manifest()
+    client = dynamic.DynamicClient(cluster.api)
+
+    # Admitted: each object helm rendered is stored by the API server.
+    missing = [f"{o['kind']}/{o['metadata']['name']}" for o in objects if _live(client, o) is None]
+    assert not missing, f"objects helm rendered but the API server does not have: {missing}"
+    kinds = sorted({o["kind"] for o in objects})
+    print(f"\ninstalled {len(objects)} objects: {', '.join(kinds)}")
+    assert {"Deployment", "Service", "ScaledObject", "TriggerAuthentication"} <= set(kinds)
+
+    (sentinel,) = [o["metadata"]["name"] for o in objects
+                   if o["kind"] == "Deployment" and "sentinel" in o["metadata"]["name"]]
+    wait_for(lambda: (cluster.deployment(NAMESPACE, sentinel).status.ready_replicas or 0) == 1,
+             90, "the Sentinel pod Ready")
+
+    scaled = sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ScaledObject")
+    assert scaled == ["astro-worker-alpha", "astro-worker-beta"]
+    for name in scaled:
+        wait_for(lambda: condition(cluster.scaled_object(NAMESPACE, name), "Ready") == "True",
+                 90, f"ScaledObject {name} READY True",
+                 on_timeout=lambda: str((cluster.scaled_object(NAMESPACE, name).get("status") or {})))
+        # KEDA took the Deployment over: its HPA exists and, with no work queued, the pool is at 0.
+        wait_for(lambda: cluster.hpa(NAMESPACE, f"keda-hpa-{name}") is not None, 60, f"keda-hpa-{name}")
+        wait_for(lambda: cluster.deployment(NAMESPACE, name).spec.replicas == 0, 120, f"{name} at 0 replicas")
+
+    # Upgrade: a new syncSlots is the ScaledObject's target and the target of the HPA KEDA made.
+    values["workers"] = _workers(6)
+    release.upgrade(values)
+    assert _trigger_target(cluster.scaled_object(NAMESPACE, "astro-worker-alpha")) == "6"
+    assert _trigger_target(cluster.scaled_object(NAMESPACE, "astro-worker-beta")) == "2"
+
+    def hpa_target() -> str | None:
+        hpa = cluster.hpa(NAMESPACE, "keda-hpa-astro-worker-alpha")
+        (metric,) = hpa.spec.metrics
+        return metric.external.target.average_value
+
+    wait_for(lambda: hpa_target() == "6", 60, "KEDA's HPA target 6 after the upgrade",
+             on_timeout=lambda: f"target {hpa_target()}")
+
+    # Uninstall: none of the objects the release had is left.
+    objects = release.manifest()
+    release.uninstall()
+    left = [f"{o['kind']}/{o['metadata']['name']}" for o in objects if _live(client, o) is not None]
+    assert not left, f"left behind after helm uninstall: {left}"
+    wait_for(lambda: cluster.hpa(NAMESPACE, "keda-hpa-astro-worker-alpha") is None, 60,
+             "KEDA to delete the HPA it made")
+    labelled = cluster.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/instance=install")
+    wait_for(lambda: not cluster.core.list_namespaced_pod(
+        NAMESPACE, label_selector="app.kubernetes.io/instance=install").items, 120,
+        "the release's pods to be gone", on_timeout=lambda: str([p.metadata.name for p in labelled.items]))

@@ -1,0 +1,172 @@
+"""Scenarios 2 and 3: the KEDA path on the real control plane.
+
+2. A worker pool at 0 replicas gets a burst. KEDA's operator activates the Deployment (0 → 1) from
+   the Sentinel's answer; the HPA KEDA made, run by the real HPA controller through KEDA's metrics
+   API server, takes it to ceil(backlog / syncSlots) capped at the maximum; the tasks run in the
+   agent processes of those pods. As the backlog falls the HPA scales down: deleted pods drain
+   (their running tasks finish and are reported, the agent exits 0 inside the grace period), and
+   after the cooldown the Deployment is back at 0.
+3. A pool whose workers need more CPU than the nodes have for its maximum: the extra pods stay
+   Pending (unschedulable) while the others run the backlog; nothing is lost.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+import requests
+
+from conftest import chart_values
+from kube import PodRecorder, ReplicaTimeline, condition
+from procs import wait_for
+
+NAMESPACE = "astro-scaling"
+RELEASE = "scaling"
+SENTINEL = f"http://astro-sentinel.{NAMESPACE}.svc:39092"
+BURST = "astro-worker-burst"
+BIG = "astro-worker-big"
+GRACE_SECONDS = 90
+
+
+@pytest.fixture(scope="module")
+def scaling(cluster, nodes, keda, airflow, release_factory):
+    """One release with two KEDA pools at 0: `burst` (syncSlots 2, max 4, small pods) and `big`
+    (syncSlots 3, max 4, pods that need 1.5 CPUs: one fits on a 2-CPU node)."""
+    release = release_factory(RELEASE, NAMESPACE)
+    keda_common = {
+        "enabled": True, "minReplicaCount": 0, "maxReplicaCount": 4,
+        "pollingInterval": 2, "cooldownPeriod": 20,
+        # The HPA's scale-down window (300 s by default) shortened so the run fits the stage.
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 10}},
+    }
+    values = chart_values(airflow)
+    values["workers"] = [
+        {"name": "burst", "queues": ["cluster-burst"], "syncSlots": 2,
+         "terminationGracePeriodSeconds": GRACE_SECONDS, "drainMarginSeconds": 10, "keda": keda_common},
+        {"name": "big", "queues": ["cluster-big"], "syncSlots": 3,
+         "resources": {"requests": {"cpu": "1500m", "memory": "512Mi"}}, "keda": keda_common},
+    ]
+    release.install(values)
+    token = cluster.secret_value(NAMESPACE, "astro-keda-sentinel-token", "token")
+    for name in (BURST, BIG):
+        wait_for(lambda: condition(cluster.scaled_object(NAMESPACE, name), "Ready") == "True", 120,
+                 f"ScaledObject {name} READY True")
+        wait_for(lambda: _pool_at_zero(cluster, name), 180, f"{name} at 0 replicas with no pods")
+    return {"token": token, "release": release}
+
+
+def _pool_at_zero(cluster, deployment: str) -> bool:
+    if cluster.deployment(NAMESPACE, deployment).spec.replicas != 0:
+        return False
+    return not cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"deploymentName={deployment}").items
+
+
+def _backlog_reader(token: str, deployment: str):
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+
+    def backlog() -> float | None:
+        response = session.get(f"{SENTINEL}/v1/workers/{deployment}", timeout=2)
+        return response.json()["backlog"] if response.status_code == 200 else None
+
+    return backlog
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def _run_burst(cluster, airflow, deployment: str, dag_id: str, token: str, timeout: float):
+    """Trigger ``dag_id`` with the pool at 0, record until the pool is back at 0."""
+    pods = PodRecorder(cluster, NAMESPACE, f"deploymentName={deployment}")
+    timeline = ReplicaTimeline(cluster, NAMESPACE, deployment, f"keda-hpa-{deployment}",
+                               _backlog_reader(token, deployment), pods)
+    pods.start()
+    timeline.start()
+    try:
+        airflow.client.ensure_runnable(dag_id)
+        run_id = airflow.client.trigger(dag_id)
+        state = airflow.client.wait_run(dag_id, run_id, timeout=timeout)
+        tis = airflow.client.task_instances(dag_id, run_id)
+        wait_for(lambda: _pool_at_zero(cluster, deployment), 180, f"{deployment} back at 0 after the cooldown")
+    finally:
+        timeline.stop()
+        pods.stop()
+        print(f"\n{deployment} replica timeline ({dag_id}):\n{timeline.table()}")
+    return state, tis, timeline, pods.snapshot()
+
+
+def test_keda_scales_a_burst_from_zero_to_max_and_back_draining_deleted_pods(scaling, cluster, airflow):
+    state, tis, timeline, stories = _run_burst(cluster, airflow, BURST, "cluster_burst", scaling["token"], 600)
+
+    assert state == "success", f"run ended {state}"
+    assert [t["task_id"] for t in tis if t["state"] != "success"] == []
+    assert len(tis) == 24
+    # The tasks ran in the agent processes of this pool's pods (Airflow knows a worker by pod name).
+    assert {t["hostname"] for t in tis} <= set(stories), "a task ran outside the pool's pods"
+
+    steps = timeline.replica_steps()
+    print(f"replica steps: {steps}")
+    assert steps[0] == 0 and steps[-1] == 0, steps
+    # KEDA's activation: 0 → 1 first; the HPA then goes to ceil(24 / 2) = 12 capped at 4.
+    assert steps[1] == 1, f"the first step out of 0 is KEDA's activation to 1: {steps}"
+    assert max(steps) == 4, steps
+    assert any(s.desired == 4 and s.backlog is not None and s.backlog >= 7 for s in timeline.samples), \
+        "the HPA never asked for the maximum while the backlog was high"
+    peak = steps.index(4)
+    assert steps[peak:] == sorted(steps[peak:], reverse=True), f"the pool grew again after its peak: {steps}"
+
+    # Drain: every deleted pod's agent exited 0 inside its grace period, after its tasks ended.
+    deleted = [s for s in stories.values() if s.deletion_requested_at is not None]
+    assert deleted, "no pod was deleted"
+    busy_at_deletion = []
+    for story in deleted:
+        assert story.exit_code == 0, f"{story.name}: the agent exited {story.exit_code} on deletion"
+        assert story.grace_period == GRACE_SECONDS
+        assert story.finished_at is not None
+        drain = story.finished_at.timestamp() - story.deletion_requested_at
+        assert drain < GRACE_SECONDS, f"{story.name} took {drain:.1f}s to stop"
+        mine = [t for t in tis if t["hostname"] == story.name]
+        running = [t for t in mine if _parse_time(t["end_date"]).timestamp() > story.deletion_requested_at]
+        for t in running:
+            assert _parse_time(t["end_date"]).timestamp() <= story.finished_at.timestamp() + 1, \
+                f"{story.name} exited before its task {t['task_id']} ended"
+        if running:
+            busy_at_deletion.append((story.name, [t["task_id"] for t in running], round(drain, 1)))
+    print(f"deleted pods that were running tasks (pod, tasks, seconds to exit): {busy_at_deletion}")
+    assert busy_at_deletion, "no deleted pod was running a task: the drain was not exercised"
+
+
+def test_pods_wait_for_room_while_the_others_run_the_backlog(scaling, cluster, airflow, nodes):
+    pods = PodRecorder(cluster, NAMESPACE, f"deploymentName={BIG}")
+    pods.start()
+    try:
+        airflow.client.ensure_runnable("cluster_capacity")
+        run_id = airflow.client.trigger("cluster_capacity")
+
+        def two_running_two_waiting() -> bool:
+            live = [s for s in pods.snapshot().values() if s.deleted_at is None and s.deletion_requested_at is None]
+            return (sum(1 for s in live if s.node and s.ready_at) == 2
+                    and sum(1 for s in live if not s.node and s.unschedulable_at) == 2)
+
+        wait_for(two_running_two_waiting, 180, "2 big workers running and 2 Pending unschedulable",
+                 on_timeout=lambda: str(pods.snapshot()))
+        waiting = [p for p in cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"deploymentName={BIG}").items
+                   if not p.spec.node_name]
+        reasons = {c.reason for p in waiting for c in p.status.conditions or [] if c.type == "PodScheduled"}
+        assert reasons == {"Unschedulable"}, reasons
+        assert cluster.deployment(NAMESPACE, BIG).spec.replicas == 4
+
+        state = airflow.client.wait_run("cluster_capacity", run_id, timeout=300)
+        tis = airflow.client.task_instances("cluster_capacity", run_id)
+        wait_for(lambda: _pool_at_zero(cluster, BIG), 180, f"{BIG} back at 0")
+    finally:
+        pods.stop()
+    stories = pods.snapshot()
+    ran_on = {s.name for s in stories.values() if s.node}
+    print(f"\nbig pool: scheduled {sorted(ran_on)}, never scheduled "
+          f"{sorted(s.name for s in stories.values() if not s.node)}")
+    assert state == "success"
+    assert len(tis) == 12 and all(t["state"] == "success" for t in tis)
+    assert {t["hostname"] for t in tis} <= ran_on
