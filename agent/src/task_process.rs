@@ -521,6 +521,8 @@ def main():
         record["child_exit"] = os.waitstatus_to_exitcode(status)
         with open(w["record"], "w") as f:
             json.dump(record, f)
+    while w.get("hold_until") and not os.path.exists(w["hold_until"]):
+        time.sleep(0.01)
     time.sleep(w.get("sleep", 0))
     sys.exit(w.get("exit", 0))
 if __name__ == "__main__":
@@ -630,7 +632,27 @@ if __name__ == "__main__":
         let pf = prefork(true);
         let launcher = pf.spawner.prefork_launcher().unwrap();
         ready(&launcher).await;
-        let (p, status) = pf.run("ok", 0.0, 0).await;
+        // The task holds until released, so its parent can be read while it runs: a task forked
+        // without a spare starts before its intermediate process has exited.
+        let release = pf.dir.path().join("release");
+        let mut workload = pf.workload("ok", 0.0, 0);
+        workload["hold_until"] = release.to_str().unwrap().into();
+        let mut p = pf.spawner.spawn(&workload).await.unwrap();
+        let agent = std::process::id() as i32;
+        let mut parent = None;
+        for _ in 0..500 {
+            parent = parent_of(p.pid());
+            if parent == Some(agent) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(parent, Some(agent), "re-parented to the agent");
+        std::fs::write(&release, "").unwrap();
+        let status = match p.wait(&CancellationToken::new()).await.unwrap() {
+            Exit::Finished(s) => s,
+            other => panic!("{other:?}"),
+        };
         assert!(status.success());
         let rec = pf.record("ok");
         assert_eq!(
@@ -639,11 +661,6 @@ if __name__ == "__main__":
         );
         assert_eq!(rec["pid"], rec["pgid"], "its own process group");
         assert_eq!(rec["pid"].as_i64(), Some(p.pid() as i64));
-        assert_eq!(
-            rec["ppid"].as_i64(),
-            Some(std::process::id() as i64),
-            "re-parented to the agent"
-        );
         assert_eq!(
             rec["secret"],
             serde_json::Value::Null,
@@ -702,6 +719,13 @@ if __name__ == "__main__":
         let (_, status) = pf.run("after", 0.0, 0).await;
         assert!(status.success());
         assert_eq!(pf.record("after")["main"], "astro_launcher.py");
+    }
+
+    /// The parent of a live process, from `/proc/<pid>/stat` (field 4, after the name).
+    fn parent_of(pid: i32) -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, after_name) = stat.rsplit_once(") ")?;
+        after_name.split(' ').nth(1)?.parse().ok()
     }
 
     /// The processes a launcher forked that are still in its process group (a task leaves the
