@@ -2,7 +2,8 @@
 # Builds the cluster stage's control plane from the Go module proxy and prints one folder
 # holding every binary: kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes,
 # pinned in kube/go.mod), etcd (etcd/go.mod), KEDA's operator and metrics API server
-# (build-keda.sh) and prometheus-adapter (build-adapter.sh).
+# (build-keda.sh), prometheus-adapter (build-adapter.sh), and Prometheus and promtool with
+# Kubernetes service discovery (build-prometheus.sh).
 #
 # Each component is cached under $ASTRO_CACHE_DIR/cluster/<name>-<key>, the key covering its
 # module files, the Go version and the flags: a second run builds nothing. All Go builds share
@@ -24,13 +25,14 @@ kube="$(go_build_cached kube "$here/kube" "$kube_ldflags" \
 etcd="$(go_build_cached etcd "$here/etcd" "-s -w" .)"
 keda="$(bash "$here/build-keda.sh")"
 adapter="$(bash "$here/build-adapter.sh")"
+prometheus="$(bash "$here/build-prometheus.sh")"
 
 # One folder of links, keyed by what it links to.
-key="$(printf '%s\n' "$kube" "$etcd" "$keda" "$adapter" | sha256sum | cut -c1-12)"
+key="$(printf '%s\n' "$kube" "$etcd" "$keda" "$adapter" "$prometheus" | sha256sum | cut -c1-12)"
 bin="$ASTRO_CACHE_DIR/cluster/bin-$key"
 if [ ! -d "$bin" ]; then
   tmp="$(mktemp -d "$ASTRO_CACHE_DIR/cluster/.bin.XXXXXX")"
-  for dir in "$kube" "$etcd" "$keda" "$adapter"; do
+  for dir in "$kube" "$etcd" "$keda" "$adapter" "$prometheus"; do
     for f in "$dir"/*; do ln -s "$f" "$tmp/"; done
   done
   mv -T "$tmp" "$bin"

@@ -26,16 +26,20 @@ class HelmRelease:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._revision = 0
+        self.installed = False
 
     def install(self, *values: dict[str, Any]) -> str:
         """``helm install --create-namespace``; returns helm's output (NOTES included)."""
+        self.installed = True  # also when helm fails half-way: what it created is uninstalled
         return self._run("install", self.name, str(CHART), "--create-namespace", *self._values_args(values))
 
     def upgrade(self, *values: dict[str, Any]) -> str:
         return self._run("upgrade", self.name, str(CHART), *self._values_args(values))
 
     def uninstall(self) -> str:
-        return self._run("uninstall", self.name, "--wait", "--timeout", "120s")
+        output = self._run("uninstall", self.name, "--wait", "--timeout", "120s")
+        self.installed = False
+        return output
 
     def manifest(self) -> list[dict[str, Any]]:
         """The objects of the current revision, as helm stored them."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable
 
+import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -29,13 +30,6 @@ class Cluster:
         self.custom = client.CustomObjectsApi(self.api)
         self.autoscaling = client.AutoscalingV2Api(self.api)
         self.rbac = client.RbacAuthorizationV1Api(self.api)
-
-    def get_json(self, path: str) -> Any:
-        """GET an API path (e.g. an aggregated metrics API) and return the decoded JSON."""
-        data, _, _ = self.api.call_api(
-            path, "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=False
-        )
-        return data
 
     def scaled_object(self, namespace: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object("keda.sh", "v1alpha1", namespace, "scaledobjects", name)
@@ -100,11 +94,11 @@ class PodRecorder(threading.Thread):
         self.cluster, self.namespace, self.selector = cluster, namespace, selector
         self.stories: dict[str, PodStory] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         resource_version = None
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             w = watch.Watch()
             try:
                 for event in w.stream(
@@ -114,16 +108,19 @@ class PodRecorder(threading.Thread):
                     pod = event["object"]
                     resource_version = pod.metadata.resource_version
                     self._record(event["type"], pod)
-                    if self._stop.is_set():
+                    if self._halt.is_set():
                         break
             except ApiException as e:
                 if e.status == 410:  # too old: start from a fresh list
                     resource_version = None
                     continue
                 raise
+            except urllib3.exceptions.HTTPError:
+                # The API server is unreachable: at the stage's end, or for a moment.
+                self._halt.wait(1.0)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=10)
 
     def snapshot(self) -> dict[str, PodStory]:
@@ -179,30 +176,34 @@ class ReplicaTimeline(threading.Thread):
         self.cluster, self.namespace, self.deployment, self.hpa_name = cluster, namespace, deployment, hpa
         self.backlog, self.pods = backlog, pods
         self.samples: list[Sample] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.t0 = time.time()
 
     def run(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                d = self.cluster.deployment(self.namespace, self.deployment)
-                hpa = self.cluster.hpa(self.namespace, self.hpa_name)
-                pending = 0
-                if self.pods is not None:
-                    pending = sum(
-                        1 for s in self.pods.snapshot().values()
-                        if s.unschedulable_at and not s.node and s.deleted_at is None
-                    )
-                self.samples.append(Sample(
-                    t=time.time() - self.t0,
-                    backlog=self._backlog(),
-                    desired=hpa.status.desired_replicas if hpa and hpa.status else None,
-                    replicas=d.spec.replicas or 0,
-                    ready=d.status.ready_replicas or 0,
-                    pending=pending,
-                ))
-            except ApiException:
-                continue  # one missed sample; the API server answers again on the next
+        while not self._halt.wait(1.0):
+            self._sample()
+        self._sample()  # the state the scenario stopped at, which it may have waited for
+
+    def _sample(self) -> None:
+        try:
+            d = self.cluster.deployment(self.namespace, self.deployment)
+            hpa = self.cluster.hpa(self.namespace, self.hpa_name)
+            pending = 0
+            if self.pods is not None:
+                pending = sum(
+                    1 for s in self.pods.snapshot().values()
+                    if s.unschedulable_at and not s.node and s.deleted_at is None
+                )
+            self.samples.append(Sample(
+                t=time.time() - self.t0,
+                backlog=self._backlog(),
+                desired=hpa.status.desired_replicas if hpa and hpa.status else None,
+                replicas=d.spec.replicas or 0,
+                ready=d.status.ready_replicas or 0,
+                pending=pending,
+            ))
+        except (ApiException, urllib3.exceptions.HTTPError):
+            pass  # one missed sample; the API server answers again on the next
 
     def _backlog(self) -> float | None:
         try:
@@ -211,7 +212,7 @@ class ReplicaTimeline(threading.Thread):
             return None
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=10)
 
     def table(self) -> str:

@@ -4,7 +4,7 @@
 # metrics API server, a real Prometheus and prometheus-adapter, against a real Airflow 3.
 # Only the kubelet is stood in for (node_standin.py: pods run as processes).
 #
-#   tests/cluster/run.sh [pytest args]
+#   tests/cluster/run.sh [pytest args]   (default: tests/cluster; e.g. -x tests/cluster/test_install.py)
 #
 # Builds (cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}): the control plane, KEDA and
 # prometheus-adapter (build.sh), helm (tests/chart/helm.sh), the venvs (tests/e2e/venvs.sh) and,
@@ -44,6 +44,8 @@ export ASTRO_CLUSTER_BIN ASTRO_HELM ASTRO_AGENT_BIN ASTRO_SENTINEL_BIN
 
 # Pods mount emptyDirs over /tmp in their own mount namespaces: keep the stage's files elsewhere.
 work="$(mktemp -d /var/tmp/astro-cluster.XXXXXX)"
+# Traversable by others (not listable): PostgreSQL runs as its own user below it.
+chmod 0711 "$work"
 trap 'rm -rf "$work"' EXIT
 export ASTRO_CLUSTER_WORK="$work"
 
@@ -57,4 +59,4 @@ unshare --net --mount --propagation private -- bash -c '
   export TMPDIR="$ASTRO_CLUSTER_WORK"
   cd "$1"; shift
   exec "$@"
-' cluster-stage "$root" "$tools/bin/python" -m pytest -p no:cacheprovider -v -s tests/cluster "$@"
+' cluster-stage "$root" "$tools/bin/python" -m pytest -p no:cacheprovider -v -s "${@:-tests/cluster}"
