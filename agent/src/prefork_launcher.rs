@@ -13,16 +13,18 @@
 
 use crate::reaper::Reaper;
 use airflow::backoff::Backoff;
+use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{ChildStdin, ChildStdout, Command};
-use tokio::sync::{watch, Mutex};
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::{oneshot, watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
 /// The launcher's source, written next to the workload files at start-up, so the agent binary
@@ -52,7 +54,7 @@ pub struct PreforkLauncher {
     python: PathBuf,
     script: PathBuf,
     env: Vec<(OsString, OsString)>,
-    reaper: Arc<Reaper>,
+    reaper: &'static Reaper,
     /// How many spares the launcher keeps: as many as tasks may start at once (the slots).
     spares: usize,
     /// The pipes of the launcher that is ready; `None` while there is none.
@@ -75,7 +77,7 @@ impl PreforkLauncher {
         python: &Path,
         work_dir: &Path,
         env: Vec<(OsString, OsString)>,
-        reaper: Arc<Reaper>,
+        reaper: &'static Reaper,
         slots: u32,
     ) -> std::io::Result<Arc<Self>> {
         let script = work_dir.join("astro_launcher.py");
@@ -98,16 +100,18 @@ impl PreforkLauncher {
         loop {
             let started = Instant::now();
             match self.start().await {
-                Ok(mut child) => {
-                    tracing::info!(pid = child.id(), took = ?started.elapsed(), "task launcher ready");
+                Ok(mut exit) => {
+                    tracing::info!(pid = self.pid.load(Ordering::Acquire), took = ?started.elapsed(), "task launcher ready");
                     tokio::select! {
-                        status = child.wait() => {
+                        status = &mut exit => {
                             tracing::warn!(?status, "task launcher exited; tasks start in fresh interpreters until it is back");
                         }
                         _ = stop.cancelled() => {
                             // Closing its stdin ends it; running tasks are not its children.
                             self.take_channel().await;
-                            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                            if tokio::time::timeout(Duration::from_secs(5), exit).await.is_err() {
+                                self.kill();
+                            }
                             return;
                         }
                     }
@@ -129,27 +133,28 @@ impl PreforkLauncher {
         }
     }
 
-    async fn start(&self) -> std::io::Result<tokio::process::Child> {
-        let mut child = Command::new(&self.python)
-            .arg(&self.script)
-            .arg(self.spares.to_string())
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            // Its own group: a Ctrl-C in the agent's terminal is the agent's to handle.
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
-        let pid = child.id().unwrap_or(0) as i32;
-        let mut stdin = child.stdin.take().expect("piped");
-        let mut stdout = child.stdout.take().expect("piped");
+    /// Starts a launcher and waits until it is ready; its exit status arrives on the receiver.
+    async fn start(&self) -> std::io::Result<oneshot::Receiver<ExitStatus>> {
+        let (mut child, exit) = self.reaper.spawn(
+            Command::new(&self.python)
+                .arg(&self.script)
+                .arg(self.spares.to_string())
+                .env_clear()
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                // Its own group: a Ctrl-C in the agent's terminal is the agent's to handle.
+                .process_group(0),
+        )?;
+        let pid = child.id() as i32;
+        let mut stdin = ChildStdin::from_std(child.stdin.take().expect("piped"))?;
+        let mut stdout = ChildStdout::from_std(child.stdout.take().expect("piped"))?;
         let ready = tokio::time::timeout(READY_TIMEOUT, read_message(&mut stdout)).await;
         match ready {
             Ok(Ok(message)) if message["ready"] == json!(true) => {}
             other => {
-                let _ = child.start_kill();
+                self.reaper.signal(pid, Signal::SIGKILL);
                 let _ = stdin.shutdown().await;
                 return Err(std::io::Error::other(format!(
                     "no ready message: {other:?}"
@@ -159,7 +164,7 @@ impl PreforkLauncher {
         self.pid.store(pid, Ordering::Release);
         *self.channel.lock().await = Some((stdin, stdout));
         self.state.send_replace(State::Ready);
-        Ok(child)
+        Ok(exit)
     }
 
     async fn take_channel(&self) -> Option<(ChildStdin, ChildStdout)> {
@@ -253,13 +258,8 @@ impl PreforkLauncher {
     }
 
     fn kill(&self) {
-        let pid = self.pid.load(Ordering::Acquire);
-        if pid > 0 {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        self.reaper
+            .signal(self.pid.load(Ordering::Acquire), Signal::SIGKILL);
     }
 }
 

@@ -1,117 +1,241 @@
-//! Waiting for task processes the agent did not spawn itself.
+//! Waiting for every child process of the agent, in one place.
 //!
 //! Tasks started by the pre-forked launcher are its grandchildren. The agent makes itself a
 //! *child subreaper*, so when the launcher's intermediate process exits the task is re-parented
-//! to the agent, which can then `waitpid` it like its own child — and still learns the task's
-//! exit status if the launcher dies. Only pids registered here are waited for, each by its own
-//! pid: tokio reaps the children it spawned itself the same way, so the two never steal each
-//! other's exit statuses.
+//! to the agent, which can then wait for it like its own child — and still learns the task's
+//! exit status if the launcher dies. Being a subreaper also makes the agent the parent of
+//! anything a task leaves behind (`sleep 1 &` in a BashOperator, a supervisor's child after a
+//! SIGKILL): nobody else will ever wait for those, so the agent waits for *every* child
+//! (`waitpid(-1)`), not only the ones it knows about.
+//!
+//! That is only sound if nothing else in the process waits for children by pid (tokio's
+//! `process` module, `std::process::Child::wait`): every child of the agent is started through
+//! [`Reaper::spawn`], and its exit status comes from here. A status can arrive before anyone
+//! asked for it (a task the launcher forked may exit before the launcher's answer is read), so
+//! statuses of pids nobody watches are kept for a while.
+//!
+//! A thread blocked in `waitpid` does the waiting: no signal handler, and it serves every
+//! runtime of the process (the tests run many).
 
 use nix::errno::Errno;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::process::ExitStatusExt;
-use std::process::ExitStatus;
-use std::sync::{Arc, Mutex};
-use tokio::signal::unix::{signal, SignalKind};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::{Condvar, Mutex, OnceLock};
 use tokio::sync::oneshot;
 
+/// Exit statuses kept for pids nobody has asked about yet. Most are strays a task left behind
+/// that nobody will ever ask about; a task's own status is asked for within milliseconds.
+const UNCLAIMED_KEPT: usize = 1024;
+
 pub struct Reaper {
-    watched: Mutex<HashMap<i32, oneshot::Sender<ExitStatus>>>,
+    state: Mutex<State>,
+    /// Signalled when a child is started, which ends the thread's wait for "any children".
+    spawned: Condvar,
+    subreaper: bool,
+}
+
+#[derive(Default)]
+struct State {
+    watched: HashMap<i32, oneshot::Sender<ExitStatus>>,
+    /// Reaped before anyone watched them, oldest first.
+    unclaimed: VecDeque<(i32, ExitStatus)>,
+    /// Children started so far; the thread sleeps while it is unchanged and no child is left.
+    spawns: u64,
 }
 
 /// Whether a process with this pid exists (a zombie included).
 fn alive(pid: i32) -> bool {
-    !matches!(
-        nix::sys::signal::kill(Pid::from_raw(pid), None),
-        Err(Errno::ESRCH)
-    )
+    !matches!(kill(Pid::from_raw(pid), None), Err(Errno::ESRCH))
 }
 
 impl Reaper {
-    /// Becomes a child subreaper and starts reaping on SIGCHLD.
-    pub fn install() -> std::io::Result<Arc<Reaper>> {
-        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
-        let mut sigchld = signal(SignalKind::child())?;
-        let reaper = Arc::new(Reaper {
-            watched: Mutex::new(HashMap::new()),
-        });
-        let weak = Arc::downgrade(&reaper);
-        tokio::spawn(async move {
-            while sigchld.recv().await.is_some() {
-                match weak.upgrade() {
-                    Some(reaper) => reaper.reap(),
-                    None => return,
+    /// The process's reaper: on first use, becomes a child subreaper (if the kernel lets it)
+    /// and starts the thread that waits for children.
+    pub fn global() -> &'static Reaper {
+        static REAPER: OnceLock<Reaper> = OnceLock::new();
+        REAPER.get_or_init(|| {
+            let subreaper = match nix::sys::prctl::set_child_subreaper(true) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot become a child subreaper: tasks start in fresh interpreters, and what they leave behind is not reaped here");
+                    false
                 }
+            };
+            std::thread::Builder::new()
+                .name("reaper".into())
+                .spawn(|| Reaper::global().run())
+                .expect("starting the reaper thread");
+            Reaper {
+                state: Mutex::new(State::default()),
+                spawned: Condvar::new(),
+                subreaper,
             }
-        });
-        Ok(reaper)
+        })
+    }
+
+    /// Whether processes a child forks are re-parented to the agent when their parent exits.
+    pub fn is_subreaper(&self) -> bool {
+        self.subreaper
+    }
+
+    /// Starts `command`; its exit status arrives on the receiver. Never wait on the returned
+    /// `Child` itself (only its pipes are for use).
+    pub fn spawn(
+        &self,
+        command: &mut Command,
+    ) -> std::io::Result<(Child, oneshot::Receiver<ExitStatus>)> {
+        // Holding the lock across the fork: the thread may reap the child at once, but cannot
+        // hand its status out before it is watched.
+        let mut state = self.state.lock().unwrap();
+        let child = command.spawn()?;
+        state.spawns += 1;
+        self.spawned.notify_one();
+        let (tx, rx) = oneshot::channel();
+        state.watched.insert(child.id() as i32, tx);
+        Ok((child, rx))
     }
 
     /// The exit status of `pid`, which must be (or become) a child of this process.
     pub fn watch(&self, pid: i32) -> oneshot::Receiver<ExitStatus> {
         let (tx, rx) = oneshot::channel();
-        self.watched.lock().unwrap().insert(pid, tx);
-        // It may have exited before it was registered: its SIGCHLD is already gone.
-        self.reap();
+        let mut state = self.state.lock().unwrap();
+        if let Some(i) = state.unclaimed.iter().position(|&(p, _)| p == pid) {
+            let (_, status) = state.unclaimed.remove(i).expect("found");
+            // A live process with this pid is a newer one (the pid was reused): only a status
+            // reaped after it was watched is its own.
+            if !alive(pid) {
+                let _ = tx.send(status);
+                return rx;
+            }
+        }
+        if !alive(pid) {
+            // Not reaped here and gone: reaped by someone else, nothing will ever report it;
+            // count it as a failure rather than wait forever.
+            let _ = tx.send(ExitStatus::from_raw(127 << 8));
+            return rx;
+        }
+        state.watched.insert(pid, tx);
         rx
     }
 
-    fn reap(&self) {
-        let mut watched = self.watched.lock().unwrap();
-        let done: Vec<(i32, ExitStatus)> = watched
-            .keys()
-            .filter_map(|&pid| {
-                let status = match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::Exited(_, code)) => ExitStatus::from_raw((code & 0xff) << 8),
-                    Ok(WaitStatus::Signaled(_, sig, _)) => ExitStatus::from_raw(sig as i32),
-                    Ok(_) => return None, // still running (or stopped)
-                    // Not our child yet: the launcher's intermediate process has not exited,
-                    // so the task is not re-parented to us yet. Its exit (or, if it is already
-                    // a zombie, its re-parenting) will send us SIGCHLD.
-                    Err(Errno::ECHILD) if alive(pid) => return None,
-                    // Not (or no longer) our child and gone: nothing will ever report it;
-                    // count it as a failure rather than wait forever.
-                    Err(Errno::ECHILD) => ExitStatus::from_raw(127 << 8),
-                    Err(_) => return None,
-                };
-                Some((pid, status))
-            })
-            .collect();
-        for (pid, status) in done {
-            if let Some(tx) = watched.remove(&pid) {
+    /// Signals `pid` if it is a watched process that has not been reaped yet: only then can
+    /// the pid not have been reused by an unrelated process. False if nothing was signalled.
+    pub fn signal(&self, pid: i32, signal: Signal) -> bool {
+        self.signal_watched(pid, || kill(Pid::from_raw(pid), signal))
+    }
+
+    /// Signals the process group `pid` leads, under the same condition as [`Reaper::signal`].
+    pub fn signal_group(&self, pid: i32, signal: Signal) -> bool {
+        self.signal_watched(pid, || killpg(Pid::from_raw(pid), signal))
+    }
+
+    fn signal_watched(&self, pid: i32, send: impl FnOnce() -> nix::Result<()>) -> bool {
+        // The lock keeps the thread from reaping (and the kernel from reusing) the pid while
+        // the signal goes out.
+        let state = self.state.lock().unwrap();
+        pid > 1 && state.watched.contains_key(&pid) && send().is_ok()
+    }
+
+    fn run(&self) {
+        loop {
+            let spawns = self.state.lock().unwrap().spawns;
+            // Peek first (WNOWAIT), reap under the lock: until then the pid stays taken by the
+            // zombie, which is what makes `signal` safe.
+            match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Ok(status) => {
+                    if let Some(pid) = status.pid() {
+                        self.reap(pid);
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => {
+                    // No child at all: nothing can exit (or be re-parented to us) until one is
+                    // started.
+                    let state = self.state.lock().unwrap();
+                    let _unused = self
+                        .spawned
+                        .wait_while(state, |s| s.spawns == spawns)
+                        .unwrap();
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "waitid failed; the reaper stops");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn reap(&self, pid: Pid) {
+        let mut state = self.state.lock().unwrap();
+        let status = match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => ExitStatus::from_raw((code & 0xff) << 8),
+            Ok(WaitStatus::Signaled(_, sig, _)) => ExitStatus::from_raw(sig as i32),
+            _ => return,
+        };
+        let pid = pid.as_raw();
+        match state.watched.remove(&pid) {
+            Some(tx) => {
                 let _ = tx.send(status);
+            }
+            None => {
+                tracing::debug!(pid, ?status, "reaped a process nobody watches");
+                if state.unclaimed.len() == UNCLAIMED_KEPT {
+                    state.unclaimed.pop_front();
+                }
+                state.unclaimed.push_back((pid, status));
             }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
     use std::time::Duration;
+
+    /// Whether the process is gone from /proc altogether (exited and reaped, not a zombie).
+    pub(crate) async fn reaped(pid: i32, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// A shell that starts a background grandchild, tells its pid, and exits after `linger`.
+    fn shell_with_grandchild(
+        linger: &str,
+        grandchild: &str,
+    ) -> (i32, oneshot::Receiver<ExitStatus>) {
+        let (mut shell, exit) = Reaper::global()
+            .spawn(
+                Command::new("sh")
+                    .args(["-c", &format!("{grandchild} & echo $!; sleep {linger}")])
+                    .stdout(Stdio::piped()),
+            )
+            .unwrap();
+        let mut out = String::new();
+        BufReader::new(shell.stdout.take().unwrap())
+            .read_line(&mut out)
+            .unwrap();
+        (out.trim().parse().unwrap(), exit)
+    }
 
     #[tokio::test]
     async fn a_task_watched_before_it_is_re_parented_to_us_is_still_waited_for() {
-        let reaper = Reaper::install().unwrap();
-        // A shell that starts a grandchild, tells its pid, and exits a little later: the
-        // grandchild is someone else's child when it is watched, and ours afterwards.
-        let mut shell = tokio::process::Command::new("sh")
-            .args(["-c", "sleep 1 & echo $!; sleep 0.3"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = String::new();
-        tokio::io::AsyncBufReadExt::read_line(
-            &mut tokio::io::BufReader::new(shell.stdout.take().unwrap()),
-            &mut out,
-        )
-        .await
-        .unwrap();
-        let grandchild: i32 = out.trim().parse().unwrap();
-        let exit = reaper.watch(grandchild);
-        assert!(shell.wait().await.unwrap().success());
+        // The grandchild is someone else's child when it is watched, and ours afterwards.
+        let (grandchild, shell) = shell_with_grandchild("0.3", "sleep 1");
+        let exit = Reaper::global().watch(grandchild);
+        assert!(shell.await.unwrap().success());
         let status = tokio::time::timeout(Duration::from_secs(10), exit)
             .await
             .expect("the grandchild's exit is reported")
@@ -120,12 +244,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_status_reaped_before_it_is_watched_is_kept() {
+        let (grandchild, shell) = shell_with_grandchild("0", "sh -c 'sleep 0.3; exit 5'");
+        assert!(shell.await.unwrap().success());
+        assert!(reaped(grandchild, Duration::from_secs(3)).await);
+        let status = Reaper::global().watch(grandchild).await.unwrap();
+        assert_eq!(status.code(), Some(5));
+    }
+
+    #[tokio::test]
+    async fn what_a_child_leaves_behind_is_reaped_too() {
+        let (grandchild, shell) = shell_with_grandchild("0", "sleep 0.2");
+        assert!(shell.await.unwrap().success());
+        assert!(
+            reaped(grandchild, Duration::from_secs(3)).await,
+            "the background child {grandchild} stayed a zombie"
+        );
+    }
+
+    #[tokio::test]
     async fn a_pid_that_is_gone_counts_as_failed() {
-        let reaper = Reaper::install().unwrap();
-        let mut child = tokio::process::Command::new("true").spawn().unwrap();
-        let pid = child.id().unwrap() as i32;
-        child.wait().await.unwrap(); // reaped by tokio: nothing left to wait for
-        let status = reaper.watch(pid).await.unwrap();
+        let (child, exit) = Reaper::global().spawn(&mut Command::new("true")).unwrap();
+        assert!(exit.await.unwrap().success());
+        // Its status went to its first watcher: nothing is left to report it again.
+        let status = Reaper::global().watch(child.id() as i32).await.unwrap();
         assert_eq!(status.code(), Some(127));
     }
 }

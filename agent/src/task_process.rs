@@ -13,17 +13,16 @@
 
 use crate::prefork_launcher::{LaunchRequest, PreforkLauncher};
 use crate::reaper::Reaper;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use std::ffi::OsString;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -55,7 +54,8 @@ pub struct TaskSpawner {
     python: PathBuf,
     work_dir: PathBuf,
     env: Vec<(OsString, OsString)>,
-    prefork: Option<(Arc<PreforkLauncher>, Arc<Reaper>)>,
+    reaper: &'static Reaper,
+    prefork: Option<Arc<PreforkLauncher>>,
 }
 
 pub struct SpawnerSettings<'a> {
@@ -70,8 +70,7 @@ pub struct SpawnerSettings<'a> {
 }
 
 impl TaskSpawner {
-    /// Creates the private work directory (0700) that holds workload files. Must run inside
-    /// the runtime: the pre-fork mode installs a SIGCHLD handler.
+    /// Creates the private work directory (0700) that holds workload files.
     pub fn new(
         settings: SpawnerSettings<'_>,
         parent_env: impl Iterator<Item = (OsString, OsString)>,
@@ -114,23 +113,23 @@ impl TaskSpawner {
             set.iter()
                 .map(|(k, v)| (OsString::from(k), v.to_os_string())),
         );
+        let reaper = Reaper::global();
+        // Forked tasks reach the agent only by re-parenting.
         let prefork = match mode {
-            LaunchMode::Fresh => None,
-            LaunchMode::Prefork => match Reaper::install() {
-                Ok(reaper) => Some((
-                    PreforkLauncher::new(python, &work_dir, env.clone(), reaper.clone(), slots)?,
-                    reaper,
-                )),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot become a child subreaper: tasks start in fresh interpreters");
-                    None
-                }
-            },
+            LaunchMode::Prefork if reaper.is_subreaper() => Some(PreforkLauncher::new(
+                python,
+                &work_dir,
+                env.clone(),
+                reaper,
+                slots,
+            )?),
+            _ => None,
         };
         Ok(TaskSpawner {
             python: python.to_path_buf(),
             work_dir,
             env,
+            reaper,
             prefork,
         })
     }
@@ -141,7 +140,7 @@ impl TaskSpawner {
 
     /// The launcher to keep running, in pre-fork mode.
     pub fn prefork_launcher(&self) -> Option<Arc<PreforkLauncher>> {
-        self.prefork.as_ref().map(|(launcher, _)| launcher.clone())
+        self.prefork.clone()
     }
 
     /// Starts the task for `workload` (the job's `command`).
@@ -159,7 +158,7 @@ impl TaskSpawner {
         drop(f);
         let output = private_file(&files.output)?;
 
-        if let Some((launcher, reaper)) = &self.prefork {
+        if let Some(launcher) = &self.prefork {
             let request = LaunchRequest {
                 id: &id,
                 workload: &files.workload,
@@ -167,7 +166,7 @@ impl TaskSpawner {
                 claim: &files.claim,
             };
             match launcher.launch(&request).await {
-                Ok(pid) => return Ok(TaskProcess::adopted(pid, reaper, files)),
+                Ok(pid) => return Ok(self.adopted(pid, files)),
                 Err(reason) => tracing::warn!("{reason}; starting the task in a fresh interpreter"),
             }
             // The launcher may have forked the task before it failed: the claim tells.
@@ -176,29 +175,42 @@ impl TaskSpawner {
                     pid,
                     "the launcher had started the task after all; adopting it"
                 );
-                return Ok(TaskProcess::adopted(pid, reaper, files));
+                return Ok(self.adopted(pid, files));
             }
         }
-        let child = Command::new(&self.python)
-            .args([
-                "-m",
-                "airflow.sdk.execution_time.execute_workload",
-                "--json-path",
-            ])
-            .arg(&files.workload)
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(output.try_clone()?)
-            .stderr(output)
-            .process_group(0)
-            .spawn()?;
-        let pid = child.id().expect("a just-spawned child has a pid") as i32;
+        let (child, exit) = self.reaper.spawn(
+            Command::new(&self.python)
+                .args([
+                    "-m",
+                    "airflow.sdk.execution_time.execute_workload",
+                    "--json-path",
+                ])
+                .arg(&files.workload)
+                .env_clear()
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(output.try_clone()?)
+                .stderr(output)
+                .process_group(0),
+        )?;
         Ok(TaskProcess {
-            pid,
-            exit: ExitSource::Child(child),
+            pid: child.id() as i32,
+            launched_by: LaunchMode::Fresh,
+            exit,
+            reaper: self.reaper,
             files,
         })
+    }
+
+    /// A task the launcher forked, re-parented to the agent.
+    fn adopted(&self, pid: i32, files: TaskFiles) -> TaskProcess {
+        TaskProcess {
+            pid,
+            launched_by: LaunchMode::Prefork,
+            exit: self.reaper.watch(pid),
+            reaper: self.reaper,
+            files,
+        }
     }
 }
 
@@ -246,26 +258,18 @@ impl Drop for TaskFiles {
     }
 }
 
-enum ExitSource {
-    /// Spawned by the agent: tokio reaps it.
-    Child(Child),
-    /// Forked by the launcher and re-parented to the agent: the reaper reports it.
-    Adopted(oneshot::Receiver<ExitStatus>),
-}
-
 pub struct TaskProcess {
     pid: i32,
-    exit: ExitSource,
+    launched_by: LaunchMode,
+    exit: oneshot::Receiver<ExitStatus>,
+    reaper: &'static Reaper,
     files: TaskFiles,
 }
 
 impl TaskProcess {
     /// What started the task: `Prefork` when the launcher forked it.
     pub fn launched_by(&self) -> LaunchMode {
-        match self.exit {
-            ExitSource::Child(_) => LaunchMode::Fresh,
-            ExitSource::Adopted(_) => LaunchMode::Prefork,
-        }
+        self.launched_by
     }
 }
 
@@ -279,25 +283,14 @@ pub enum Exit {
 }
 
 impl TaskProcess {
-    fn adopted(pid: i32, reaper: &Reaper, files: TaskFiles) -> Self {
-        TaskProcess {
-            pid,
-            exit: ExitSource::Adopted(reaper.watch(pid)),
-            files,
-        }
-    }
-
     pub fn pid(&self) -> i32 {
         self.pid
     }
 
     async fn exited(&mut self) -> std::io::Result<ExitStatus> {
-        match &mut self.exit {
-            ExitSource::Child(child) => child.wait().await,
-            ExitSource::Adopted(rx) => rx
-                .await
-                .map_err(|_| std::io::Error::other("the reaper stopped before the task ended")),
-        }
+        (&mut self.exit)
+            .await
+            .map_err(|_| std::io::Error::other("the reaper stopped before the task ended"))
     }
 
     /// Waits for the process to end; when `kill` fires first, SIGTERMs its process group
@@ -319,8 +312,8 @@ impl TaskProcess {
     }
 
     fn signal(&self, signal: Signal) {
-        if let Err(e) = killpg(Pid::from_raw(self.pid), signal) {
-            tracing::debug!(pid = self.pid, %signal, error = %e, "process group already gone");
+        if !self.reaper.signal_group(self.pid, signal) {
+            tracing::debug!(pid = self.pid, %signal, "process group already gone");
         }
     }
 
@@ -340,6 +333,7 @@ impl TaskProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::unistd::Pid;
     use std::os::unix::fs::PermissionsExt;
 
     /// A stand-in "python" for fresh mode that records its argv, environment and workload,
@@ -498,9 +492,13 @@ def main():
     parser.add_argument("--json-path")
     args = parser.parse_args()
     w = json.load(open(args.json_path))
-    record = {"pid": os.getpid(), "pgid": os.getpgid(0), "ppid": os.getppid(),
+    record = {"pid": os.getpid(), "pgid": os.getpgid(0),
               "main": os.path.basename(getattr(sys.modules["__main__"], "__file__", "")),
               "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET")}
+    if w.get("leave_child"):
+        # What `sleep 1 &` in a BashOperator leaves: a child nobody waits for.
+        import subprocess
+        record["left"] = subprocess.Popen(["sleep", str(w["leave_child"])]).pid
     with open(w["record"], "w") as f:
         json.dump(record, f)
     print("fake supervisor running", flush=True)
@@ -574,6 +572,11 @@ if __name__ == "__main__":
     }
 
     fn prefork(with_sdk_log: bool) -> Prefork {
+        prefork_in(LaunchMode::Prefork, with_sdk_log)
+    }
+
+    /// The real launcher script (or fresh interpreters) with the fake `airflow` package.
+    fn prefork_in(mode: LaunchMode, with_sdk_log: bool) -> Prefork {
         let dir = tempfile::tempdir().unwrap();
         let pythonpath = fake_airflow(dir.path(), with_sdk_log);
         let python = PathBuf::from("python3");
@@ -585,13 +588,12 @@ if __name__ == "__main__":
                 "airflow-secret".into(),
             ),
         ];
-        let spawner = TaskSpawner::new(
-            settings(&python, dir.path(), LaunchMode::Prefork),
-            parent.into_iter(),
-        )
-        .unwrap();
+        let spawner =
+            TaskSpawner::new(settings(&python, dir.path(), mode), parent.into_iter()).unwrap();
         let stop = CancellationToken::new();
-        tokio::spawn(spawner.prefork_launcher().unwrap().supervise(stop.clone()));
+        if let Some(launcher) = spawner.prefork_launcher() {
+            tokio::spawn(launcher.supervise(stop.clone()));
+        }
         Prefork { spawner, stop, dir }
     }
 
@@ -781,6 +783,53 @@ if __name__ == "__main__":
             }
             assert!(reaped, "spare {pid} is still there");
         }
+    }
+
+    /// Runs `count` tasks, `at_once` at a time, each leaving a child that outlives it by a
+    /// moment; every one of those children is reaped within 3 s of its task's end.
+    async fn tasks_leaving_children_leave_no_zombie(
+        mode: LaunchMode,
+        count: usize,
+        at_once: usize,
+    ) {
+        let pf = prefork_in(mode, true);
+        if mode == LaunchMode::Prefork {
+            ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        }
+        let mut left = Vec::new();
+        for batch in (0..count).collect::<Vec<_>>().chunks(at_once) {
+            let mut running = Vec::new();
+            for i in batch {
+                let mut workload = pf.workload(&format!("t{i}"), 0.0, 0);
+                workload["leave_child"] = 0.1.into();
+                running.push(pf.spawner.spawn(&workload).await.unwrap());
+            }
+            for mut p in running {
+                let exit = p.wait(&CancellationToken::new()).await.unwrap();
+                assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+                assert_eq!(p.launched_by(), mode);
+            }
+            for i in batch {
+                left.push(pf.record(&format!("t{i}"))["left"].as_i64().unwrap() as i32);
+            }
+        }
+        for pid in left {
+            assert!(
+                crate::reaper::tests::reaped(pid, Duration::from_secs(3)).await,
+                "the child {pid} a task left behind is still there (a zombie?)"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_child_a_task_leaves_behind_is_reaped() {
+        tasks_leaving_children_leave_no_zombie(LaunchMode::Prefork, 1, 1).await;
+        tasks_leaving_children_leave_no_zombie(LaunchMode::Fresh, 1, 1).await;
+    }
+
+    #[tokio::test]
+    async fn two_hundred_tasks_leave_no_zombie() {
+        tasks_leaving_children_leave_no_zombie(LaunchMode::Prefork, 200, 8).await;
     }
 
     #[tokio::test]
