@@ -6,14 +6,14 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+/// Prometheus and the kubelet's probes need a few connections; the cap keeps the agent's file
+/// descriptors for its tasks, whatever connects to this port.
+const MAX_CONNECTIONS: usize = 32;
 
 /// Serves until `stop` is cancelled. The listener is bound by the caller so that a bad address
 /// fails at start-up rather than in the background.
@@ -23,33 +23,15 @@ pub async fn serve(
     readiness: Readiness,
     stop: CancellationToken,
 ) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin server: accept failed");
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        let readiness = readiness.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let response = respond(&req, &metrics, &readiness);
-                async move { Ok::<_, std::convert::Infallible>(response) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "admin server: connection ended with an error");
-            }
-        });
-    }
+    let limits = http_server::Limits {
+        max_connections: MAX_CONNECTIONS,
+        ..http_server::Limits::default()
+    };
+    let handler = move |req: Request<Incoming>| {
+        let response = respond(&req, &metrics, &readiness);
+        async move { response }
+    };
+    http_server::serve(listener, limits, handler, stop.cancelled_owned()).await;
 }
 
 fn respond(

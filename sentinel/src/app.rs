@@ -3,7 +3,7 @@
 //! plug in their own source and listener.
 
 use crate::airflow_api_source::AirflowApiSource;
-use crate::api::AppState;
+use crate::api::{handle, AppState};
 use crate::auth::static_tokens::StaticTokens;
 use crate::auth::token_review::TokenReviewer;
 use crate::auth::Authenticator;
@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::postgres_source::PostgresSource;
 use crate::readiness::Readiness;
 use crate::refresh_loop::RefreshLoop;
-use crate::server;
+
 use crate::settings::{KubernetesAccess, Settings, SourceSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -184,9 +184,18 @@ pub async fn start_with(
         readiness.clone(),
     ));
     let mut stop = shutdown_rx;
-    tasks.push(tokio::spawn(server::serve(listener, state, async move {
-        let _ = stop.wait_for(|s| *s).await;
-    })));
+    let handler = move |req| {
+        let state = state.clone();
+        async move { handle(&state, req).await }
+    };
+    tasks.push(tokio::spawn(http_server::serve(
+        listener,
+        http_server::Limits::default(),
+        handler,
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    )));
     tracing::info!(%addr, "listening");
 
     Ok(Running {

@@ -19,7 +19,6 @@ pub mod postgres_source;
 pub mod postgres_tls;
 pub mod readiness;
 pub mod refresh_loop;
-pub mod server;
 pub mod settings;
 pub mod shutdown;
 pub mod worker_view;
