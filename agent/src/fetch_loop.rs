@@ -8,10 +8,17 @@ use crate::context::Context;
 use crate::task_runner;
 use airflow::backoff::Backoff;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest wait between two fetches while Airflow fails them. Airflow's own retry cap
+/// (30 s) would leave a worker idle for up to that long after an outage ends; one request per
+/// worker every few seconds is nothing for an api-server that is back, and the jitter keeps
+/// the workers from returning in lockstep.
+const RETRY_CAP: Duration = Duration::from_secs(4);
 
 /// Returns when the drain starts.
 pub async fn run(ctx: Arc<Context>) {
-    let mut backoff = Backoff::for_airflow();
+    let mut backoff = Backoff::new(Duration::from_millis(500), RETRY_CAP);
     let idle = ctx.config.idle_fetch_interval;
     loop {
         if ctx.drain.is_cancelled() {

@@ -53,6 +53,11 @@ pub struct State {
     pub heartbeat_answer_state: Option<String>,
     /// Answer the next heartbeats 404, as for a worker an admin deleted.
     pub forget_worker: u32,
+    /// The api-server is down: every request gets 503 (what a load balancer in front of it
+    /// answers).
+    pub down: bool,
+    /// When each fetch arrived, answered or not.
+    pub fetch_attempts: Vec<Instant>,
 }
 
 #[derive(Clone)]
@@ -148,6 +153,18 @@ impl FakeAirflow {
             .unwrap_or("")
             .to_string();
         let body = req.into_body().collect().await.unwrap().to_bytes();
+        let mut state = self.state.lock().unwrap();
+        if path.contains("/jobs/fetch/") {
+            state.fetch_attempts.push(Instant::now());
+        }
+        if state.down {
+            drop(state);
+            self.changed.notify_waiters();
+            let mut response = Response::new(Full::new(Bytes::from("down")));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return response;
+        }
+        drop(state);
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let rest = path.strip_prefix("/edge_worker/v1/").unwrap_or(&path);
         let decoded = percent_decode(rest);
