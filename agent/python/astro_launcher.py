@@ -174,8 +174,13 @@ def _double_fork(body):
             os.close(read_end)
             grandchild = os.fork()
             if grandchild == 0:
-                os.close(write_end)
-                body()
+                try:
+                    os.close(write_end)
+                    body()
+                finally:
+                    # body() exits by itself once the task has taken over: getting here is a
+                    # failure, which the agent (waiting for this pid) must see as one.
+                    os._exit(1)
             os.write(write_end, str(grandchild).encode())
         finally:
             os._exit(0)

@@ -54,11 +54,10 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
         Box::new(EdgeCallMetrics(metrics.clone())),
     )
     .context("building the HTTP client")?;
-    let work_dir = std::env::temp_dir().join(format!("astro-agent-{}", std::process::id()));
     let spawner = TaskSpawner::new(
         SpawnerSettings {
             python: &config.python,
-            work_dir,
+            work_dir_in: &std::env::temp_dir(),
             execution_api_url: config.execution_api_url.as_str(),
             worker_name: &config.worker_name,
             log_folder: &config.log_folder,
@@ -109,7 +108,6 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
     if let Some(launcher) = launcher {
         let _ = launcher.await;
     }
-    let _ = std::fs::remove_dir_all(ctx.spawner.work_dir());
     stop_admin.cancel();
     let _ = admin.await;
     outcome

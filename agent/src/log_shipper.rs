@@ -9,6 +9,7 @@ use airflow::edge_client::EdgeClient;
 use airflow::edge_types::TaskKey;
 use airflow::ApiError;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 /// Largest chunk the Edge API accepts in one push.
@@ -62,7 +63,13 @@ impl LogShipper {
 
     fn read_new(&mut self) {
         let Some(path) = &self.path else { return };
-        let Ok(mut file) = std::fs::File::open(path) else {
+        // Not through a symbolic link: the task (same user) could point its log at a file
+        // only the agent should read.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(path);
+        let Ok(mut file) = opened else {
             return; // not created yet, or removed by log rotation: try again next time
         };
         let Ok(len) = file.metadata().map(|m| m.len()) else {

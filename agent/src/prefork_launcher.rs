@@ -16,6 +16,7 @@ use airflow::backoff::Backoff;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::ffi::OsString;
+use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -81,7 +82,11 @@ impl PreforkLauncher {
         slots: u32,
     ) -> std::io::Result<Arc<Self>> {
         let script = work_dir.join("astro_launcher.py");
-        std::fs::write(&script, SCRIPT)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&script)?
+            .write_all(SCRIPT.as_bytes())?;
         Ok(Arc::new(PreforkLauncher {
             python: python.to_path_buf(),
             script,
@@ -283,4 +288,38 @@ async fn read_message(stdout: &mut ChildStdout) -> std::io::Result<Value> {
     let mut body = vec![0u8; len];
     stdout.read_exact(&mut body).await?;
     serde_json::from_slice(&body).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a process the launcher forks exits with when it fails before the task takes over.
+    fn exit_of_a_failing_fork() -> i32 {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("astro_launcher.py"), SCRIPT).unwrap();
+        // A subreaper, so that the grandchild is re-parented to it and can be waited for.
+        let check = "import ctypes, os, sys\n\
+            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n\
+            import astro_launcher\n\
+            pid = astro_launcher._double_fork(lambda: 1 / 0)\n\
+            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))";
+        let (mut child, _exit) = Reaper::global()
+            .spawn(
+                Command::new("python3")
+                    .args(["-c", check])
+                    .env("PYTHONPATH", dir.path())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null()),
+            )
+            .unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+        out.trim().parse().unwrap()
+    }
+
+    #[test]
+    fn a_fork_that_fails_before_the_task_takes_over_exits_non_zero() {
+        assert_eq!(exit_of_a_failing_fork(), 1);
+    }
 }

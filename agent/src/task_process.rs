@@ -15,9 +15,9 @@ use crate::prefork_launcher::{LaunchRequest, PreforkLauncher};
 use crate::reaper::Reaper;
 use nix::sys::signal::Signal;
 use std::ffi::OsString;
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -52,7 +52,8 @@ pub enum LaunchMode {
 /// Everything needed to start task processes, computed once.
 pub struct TaskSpawner {
     python: PathBuf,
-    work_dir: PathBuf,
+    /// Removed with everything in it when the spawner is dropped.
+    work_dir: tempfile::TempDir,
     env: Vec<(OsString, OsString)>,
     reaper: &'static Reaper,
     prefork: Option<Arc<PreforkLauncher>>,
@@ -60,7 +61,8 @@ pub struct TaskSpawner {
 
 pub struct SpawnerSettings<'a> {
     pub python: &'a Path,
-    pub work_dir: PathBuf,
+    /// Where the private work directory is made (the system's temporary directory).
+    pub work_dir_in: &'a Path,
     pub execution_api_url: &'a str,
     pub worker_name: &'a str,
     pub log_folder: &'a Path,
@@ -70,24 +72,26 @@ pub struct SpawnerSettings<'a> {
 }
 
 impl TaskSpawner {
-    /// Creates the private work directory (0700) that holds workload files.
+    /// Creates the private work directory that holds workload files: a new directory with a
+    /// random name and mode 0700, so that nobody can prepare it (or a symlink in its place)
+    /// beforehand.
     pub fn new(
         settings: SpawnerSettings<'_>,
         parent_env: impl Iterator<Item = (OsString, OsString)>,
     ) -> std::io::Result<Self> {
         let SpawnerSettings {
             python,
-            work_dir,
+            work_dir_in,
             execution_api_url,
             worker_name,
             log_folder,
             mode,
             slots,
         } = settings;
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&work_dir)?;
+        let work_dir = tempfile::Builder::new()
+            .prefix("astro-agent-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(work_dir_in)?;
         let mut env: Vec<(OsString, OsString)> = parent_env
             .filter(|(key, _)| {
                 let key = key.to_string_lossy();
@@ -118,7 +122,7 @@ impl TaskSpawner {
         let prefork = match mode {
             LaunchMode::Prefork if reaper.is_subreaper() => Some(PreforkLauncher::new(
                 python,
-                &work_dir,
+                work_dir.path(),
                 env.clone(),
                 reaper,
                 slots,
@@ -135,7 +139,7 @@ impl TaskSpawner {
     }
 
     pub fn work_dir(&self) -> &Path {
-        &self.work_dir
+        self.work_dir.path()
     }
 
     /// The launcher to keep running, in pre-fork mode.
@@ -147,9 +151,9 @@ impl TaskSpawner {
     pub async fn spawn(&self, workload: &serde_json::Value) -> std::io::Result<TaskProcess> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let files = TaskFiles {
-            workload: self.work_dir.join(format!("{id}.json")),
-            output: self.work_dir.join(format!("{id}.out")),
-            claim: self.work_dir.join(format!("{id}.claim")),
+            workload: self.work_dir().join(format!("{id}.json")),
+            output: self.work_dir().join(format!("{id}.out")),
+            claim: self.work_dir().join(format!("{id}.claim")),
         };
         // Written for a process on this machine that reads it at once: no fsync (it would
         // wait for the disk on every task start, and a crash loses the task anyway).
@@ -334,7 +338,6 @@ impl TaskProcess {
 mod tests {
     use super::*;
     use nix::unistd::Pid;
-    use std::os::unix::fs::PermissionsExt;
 
     /// A stand-in "python" for fresh mode that records its argv, environment and workload,
     /// then runs the shell snippet in $ACTION.
@@ -349,10 +352,10 @@ mod tests {
         path
     }
 
-    fn settings<'a>(python: &'a Path, dir: &Path, mode: LaunchMode) -> SpawnerSettings<'a> {
+    fn settings<'a>(python: &'a Path, dir: &'a Path, mode: LaunchMode) -> SpawnerSettings<'a> {
         SpawnerSettings {
             python,
-            work_dir: dir.join("work"),
+            work_dir_in: dir,
             execution_api_url: "http://api:8080/execution/",
             worker_name: "worker-7",
             log_folder: Path::new("/logs"),
@@ -419,6 +422,29 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[tokio::test]
+    async fn the_work_dir_is_new_private_and_unpredictable() {
+        let dir = tempfile::tempdir().unwrap();
+        let python = fake_python(dir.path());
+        // What someone preparing the agent's directory would have guessed.
+        let guess = dir
+            .path()
+            .join(format!("astro-agent-{}", std::process::id()));
+        std::os::unix::fs::symlink("/", &guess).unwrap();
+        let a = fresh_spawner(dir.path(), &python, "exit 0");
+        let b = fresh_spawner(dir.path(), &python, "exit 0");
+        assert_ne!(a.work_dir(), b.work_dir());
+        for spawner in [&a, &b] {
+            assert_ne!(spawner.work_dir(), guess);
+            let meta = std::fs::symlink_metadata(spawner.work_dir()).unwrap();
+            assert!(meta.is_dir());
+            assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        }
+        let work_dir = a.work_dir().to_path_buf();
+        drop(a);
+        assert!(!work_dir.exists(), "removed with its spawner");
     }
 
     #[tokio::test]

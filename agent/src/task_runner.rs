@@ -33,6 +33,9 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
     ctx.update_slot_metrics();
     ctx.heartbeat_now.notify_one();
     let log_path = job.log_path().map(|p| ctx.config.log_folder.join(p));
+    if log_path.is_none() {
+        tracing::warn!(task = %key, log_path = ?job.command.get("log_path"), "no usable log_path in the job: its log is not shipped");
+    }
     let mut shipper = LogShipper::new(log_path);
 
     let result = match ctx.spawner.spawn(&job.command).await {

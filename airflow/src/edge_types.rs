@@ -1,6 +1,7 @@
 //! The Edge Worker API's wire types (edge3 provider 5.x).
 
 use serde::{Deserialize, Serialize};
+use std::path::{Component, Path};
 
 /// A worker's state as the Edge API names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,9 +110,15 @@ impl EdgeJob {
         }
     }
 
-    /// `command.log_path`: where the task writes its log, relative to the log folder.
-    pub fn log_path(&self) -> Option<&str> {
-        self.command.get("log_path").and_then(|p| p.as_str())
+    /// `command.log_path`: where the task writes its log, relative to the log folder. `None`
+    /// when missing, or when it would lead out of the folder (absolute, `..`): the worker reads
+    /// that file and sends it to Airflow, so a path from the server must not name any other.
+    pub fn log_path(&self) -> Option<&Path> {
+        let path = Path::new(self.command.get("log_path")?.as_str()?);
+        let inside = path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        (inside && path.components().next().is_some()).then_some(path)
     }
 }
 
@@ -185,6 +192,24 @@ mod tests {
     }
 
     #[test]
+    fn a_log_path_that_leads_out_of_the_log_folder_is_refused() {
+        let job = |log_path: &str| -> EdgeJob {
+            serde_json::from_value(serde_json::json!({
+                "dag_id": "d", "task_id": "t", "run_id": "r", "map_index": -1, "try_number": 1,
+                "command": {"log_path": log_path}, "task_instance_id": null
+            }))
+            .unwrap()
+        };
+        for bad in ["/etc/passwd", "../secret", "dag_id=d/../../x.log", ""] {
+            assert_eq!(job(bad).log_path(), None, "{bad:?}");
+        }
+        assert_eq!(
+            job("dag_id=d/run_id=r/attempt=1.log").log_path(),
+            Some(Path::new("dag_id=d/run_id=r/attempt=1.log"))
+        );
+    }
+
+    #[test]
     fn a_job_parses_with_and_without_task_instance_id() {
         let job: EdgeJob = serde_json::from_value(serde_json::json!({
             "dag_id": "d", "task_id": "t", "run_id": "r", "map_index": -1, "try_number": 1,
@@ -193,7 +218,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(job.concurrency_slots, 2);
-        assert_eq!(job.log_path(), Some("dag_id=d/x.log"));
+        assert_eq!(job.log_path(), Some(Path::new("dag_id=d/x.log")));
         assert!(job.task_instance_id.is_none());
         let job: EdgeJob = serde_json::from_value(serde_json::json!({
             "dag_id": "d", "task_id": "t", "run_id": "r", "map_index": 3, "try_number": 2,
