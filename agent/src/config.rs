@@ -103,6 +103,16 @@ pub struct Flags {
           value_parser = humantime::parse_duration)]
     pub drain_timeout: Option<Duration>,
 
+    /// Log lines for people (text; colour only on a terminal) or for log pipelines (json)
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_LOG_FORMAT",
+        value_name = "FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: logging::LogFormat,
+
     /// How task processes start: forked from a launcher that has Airflow imported already
     /// (falls back to fresh interpreters while it is unavailable), or always fresh
     #[arg(

@@ -43,13 +43,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    logging::init(flags.log_format);
 
     let hostname = || {
         std::env::var("HOSTNAME")

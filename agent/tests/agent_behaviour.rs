@@ -340,3 +340,30 @@ fn invalid_configuration_exits_2_with_one_line_naming_the_flag() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sync-slots"));
 }
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line_and_text_logs_have_no_colour_in_a_file() {
+    for format in ["json", "text"] {
+        let fake = FakeAirflow::start().await;
+        fake.add_job("logged", 0.0, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let agent = start_agent(&fake, dir.path(), &["--log-format", format]).await;
+        agent
+            .until(&fake, "the task done", T, |s| {
+                final_state(s.states.get("logged").map(Vec::as_slice).unwrap_or(&[])).is_some()
+            })
+            .await;
+        let log = agent.log();
+        assert!(log.lines().count() >= 3, "{log}");
+        assert!(!log.contains('\u{1b}'), "escape codes in a file:\n{log}");
+        if format == "json" {
+            for line in log.lines() {
+                let object: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(object["level"].is_string(), "{line}");
+                assert!(object["message"].is_string(), "{line}");
+            }
+            assert!(log.contains(r#""message":"task started""#), "{log}");
+        }
+    }
+}

@@ -34,6 +34,16 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_SENTINEL_LISTEN", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
     pub listen: String,
 
+    /// Log lines for people (text; colour only on a terminal) or for log pipelines (json)
+    #[arg(
+        long,
+        env = "ASTRO_SENTINEL_LOG_FORMAT",
+        value_name = "FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: logging::LogFormat,
+
     /// Bearer token for Airflow's REST API (source airflow-api)
     #[arg(
         long,

@@ -301,3 +301,46 @@ fn a_port_in_use_is_a_runtime_error() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("cannot listen"), "{stderr}");
 }
+
+#[test]
+fn json_logs_are_one_object_per_line_and_text_logs_have_no_colour_in_a_pipe() {
+    let dir = TempDir::new("bin-logs");
+    let config = dir.file("c.yaml", HEAD);
+    for format in ["json", "text"] {
+        let child = sentinel(&config)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("ASTRO_SENTINEL_LOG_FORMAT", format)
+            .env("ASTRO_SENTINEL_AIRFLOW_TOKEN", "t")
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = Proc(child);
+        let stderr = BufReader::new(child.0.stderr.take().unwrap());
+        let mut lines = Vec::new();
+        for line in stderr.lines().map_while(Result::ok) {
+            let listening = line.contains("listening");
+            lines.push(line);
+            if listening {
+                break;
+            }
+        }
+        assert!(lines.last().unwrap().contains("listening"), "{lines:#?}");
+        for line in &lines {
+            assert!(
+                !line.contains('\u{1b}'),
+                "an escape code in a pipe: {line:?}"
+            );
+            if format == "json" {
+                let object: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(
+                    object["level"].is_string() && object["message"].is_string(),
+                    "{line}"
+                );
+            }
+        }
+    }
+}
