@@ -165,6 +165,44 @@ class Sample:
     pending: int
 
 
+class ScaleRecorder(threading.Thread):
+    """Every ``spec.replicas`` value a Deployment takes, from a watch: a step that lasts less
+    than a sampling interval (KEDA's 0 -> 1 followed at once by the HPA's 1 -> N) is kept."""
+
+    def __init__(self, cluster: Cluster, namespace: str, deployment: str):
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.deployment = cluster, namespace, deployment
+        self.values: list[int] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        resource_version = None
+        while not self._halt.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    self.cluster.apps.list_namespaced_deployment, self.namespace,
+                    field_selector=f"metadata.name={self.deployment}",
+                    resource_version=resource_version, timeout_seconds=5,
+                ):
+                    d = event["object"]
+                    resource_version = d.metadata.resource_version
+                    replicas = d.spec.replicas or 0
+                    if not self.values or self.values[-1] != replicas:
+                        self.values.append(replicas)
+                    if self._halt.is_set():
+                        break
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+                resource_version = None  # too old: start from a fresh list
+            except urllib3.exceptions.HTTPError:
+                self._halt.wait(1.0)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=10)
+
+
 class ReplicaTimeline(threading.Thread):
     """Samples a worker Deployment once a second: the backlog ``backlog()`` returns (the
     Sentinel's, as KEDA reads it), the HPA's desired replicas, the Deployment's replicas and
@@ -176,8 +214,13 @@ class ReplicaTimeline(threading.Thread):
         self.cluster, self.namespace, self.deployment, self.hpa_name = cluster, namespace, deployment, hpa
         self.backlog, self.pods = backlog, pods
         self.samples: list[Sample] = []
+        self.scale = ScaleRecorder(cluster, namespace, deployment)
         self._halt = threading.Event()
         self.t0 = time.time()
+
+    def start(self) -> None:
+        self.scale.start()
+        super().start()
 
     def run(self) -> None:
         while not self._halt.wait(1.0):
@@ -214,6 +257,7 @@ class ReplicaTimeline(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=10)
+        self.scale.stop()
 
     def table(self) -> str:
         """The timeline, one line per change (time, backlog, desired, replicas, ready, pending)."""
@@ -229,9 +273,5 @@ class ReplicaTimeline(threading.Thread):
         return "\n".join(lines)
 
     def replica_steps(self) -> list[int]:
-        """The Deployment's ``spec.replicas`` values in order, repeats collapsed."""
-        steps: list[int] = []
-        for s in self.samples:
-            if not steps or steps[-1] != s.replicas:
-                steps.append(s.replicas)
-        return steps
+        """Every ``spec.replicas`` value the Deployment took, in order (from the watch)."""
+        return list(self.scale.values)
