@@ -7,6 +7,7 @@
 
 use crate::error::{check_status, send, truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use serde::Deserialize;
+use std::collections::HashMap;
 use tokio::sync::Mutex;
 use url::Url;
 
@@ -43,7 +44,11 @@ pub struct QueueCounts {
 pub mod call {
     pub const LOGIN: &str = "rest_login";
     pub const COUNT: &str = "rest_count";
+    pub const RUNNING: &str = "rest_running";
 }
+
+/// Running task instances listed per request (Airflow's default `maximum_page_limit`).
+const RUNNING_PAGE: u64 = 100;
 
 pub struct RestApiClient {
     http: reqwest::Client,
@@ -61,6 +66,19 @@ struct TokenAnswer {
 #[derive(Deserialize)]
 struct CountAnswer {
     total_entries: u64,
+}
+
+#[derive(Deserialize)]
+struct TaskInstancePage {
+    task_instances: Vec<ListedTaskInstance>,
+    total_entries: u64,
+}
+
+#[derive(Deserialize)]
+struct ListedTaskInstance {
+    hostname: Option<String>,
+    #[serde(default)]
+    pool_slots: u64,
 }
 
 impl RestApiClient {
@@ -108,10 +126,7 @@ impl RestApiClient {
 
     /// The number of task instances on `queue` in any of `states`, over all DAGs and runs.
     pub async fn count(&self, queue: &str, states: &[&str]) -> Result<u64, ApiError> {
-        let mut url = self.base.clone();
-        url.path_segments_mut()
-            .expect("an http(s) base URL always has path segments")
-            .extend(["api", "v2", "dags", "~", "dagRuns", "~", "taskInstances"]);
+        let mut url = self.task_instances_url();
         {
             let mut query = url.query_pairs_mut();
             query.append_pair("queue", queue);
@@ -120,14 +135,66 @@ impl RestApiClient {
             }
             query.append_pair("limit", "0");
         }
+        let answer: CountAnswer = self.get_json(call::COUNT, url).await?;
+        Ok(answer.total_entries)
+    }
 
+    /// Task slots (Σ `pool_slots`) of the task instances running on any of `queues`, by the
+    /// hostname of the worker running them (an Edge worker's hostname: its pod's name).
+    /// Pages through the list in `id` order, `RUNNING_PAGE` at a time.
+    pub async fn running_slots_by_host(
+        &self,
+        queues: &[String],
+    ) -> Result<HashMap<String, u64>, ApiError> {
+        let mut slots: HashMap<String, u64> = HashMap::new();
+        let mut offset = 0u64;
+        loop {
+            let mut url = self.task_instances_url();
+            {
+                let mut query = url.query_pairs_mut();
+                for queue in queues {
+                    query.append_pair("queue", queue);
+                }
+                query.append_pair("state", "running");
+                query.append_pair("order_by", "id");
+                query.append_pair("limit", &RUNNING_PAGE.to_string());
+                query.append_pair("offset", &offset.to_string());
+            }
+            let page: TaskInstancePage = self.get_json(call::RUNNING, url).await?;
+            let listed = page.task_instances.len() as u64;
+            for ti in page.task_instances {
+                if let Some(host) = ti.hostname.filter(|h| !h.is_empty()) {
+                    *slots.entry(host).or_default() += ti.pool_slots.max(1);
+                }
+            }
+            offset += listed;
+            if listed == 0 || offset >= page.total_entries {
+                return Ok(slots);
+            }
+        }
+    }
+
+    fn task_instances_url(&self) -> Url {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .expect("an http(s) base URL always has path segments")
+            .extend(["api", "v2", "dags", "~", "dagRuns", "~", "taskInstances"]);
+        url
+    }
+
+    /// GET `url` with the bearer token and decode the JSON answer; with a password, a 401
+    /// means the token expired or the server's secret rotated: log in again once.
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        call: &'static str,
+        url: Url,
+    ) -> Result<T, ApiError> {
         let mut renewed = false;
         loop {
             let token = self.current_token().await?;
             let request = self.http.get(url.clone()).bearer_auth(&token);
-            let (status, text) = send(call::COUNT, request).await?;
-            // A 401 with a password means the token expired or the server's secret rotated:
-            // log in again once. With a fixed token there is nothing to renew.
+            let (status, text) = send(call, request).await?;
+            // With a fixed token there is nothing to renew.
             if status == reqwest::StatusCode::UNAUTHORIZED
                 && !renewed
                 && matches!(self.credentials, RestCredentials::Password { .. })
@@ -136,13 +203,11 @@ impl RestApiClient {
                 renewed = true;
                 continue;
             }
-            check_status(call::COUNT, status, &text)?;
-            let answer: CountAnswer =
-                serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
-                    call: call::COUNT,
-                    reason: format!("{e}; body: {}", truncate_body(&text)),
-                })?;
-            return Ok(answer.total_entries);
+            check_status(call, status, &text)?;
+            return serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
+                call,
+                reason: format!("{e}; body: {}", truncate_body(&text)),
+            });
         }
     }
 

@@ -89,6 +89,20 @@ impl BacklogSource for AirflowApiSource {
         "airflow-api"
     }
 
+    fn running_slots_by_host<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
+        async move {
+            self.requests.inc();
+            self.client
+                .running_slots_by_host(queues)
+                .await
+                .map_err(|e| format!("running task instances: {e}"))
+        }
+        .boxed()
+    }
+
     fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {
         async move {
             // Collected first: a closure held across the await trips rustc's Send check.

@@ -9,6 +9,7 @@ use crate::auth::token_review::TokenReviewer;
 use crate::auth::Authenticator;
 use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
+use crate::cluster::{kube_client, DeletionCostLoop, WorkloadWatch};
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::postgres_source::PostgresSource;
@@ -162,7 +163,7 @@ pub async fn start_with(
         "starting"
     );
     let refresh = RefreshLoop {
-        source,
+        source: source.clone(),
         queues,
         cache: cache.clone(),
         metrics: metrics.clone(),
@@ -170,7 +171,38 @@ pub async fn start_with(
         interval: config.refresh_interval,
         staleness_limit: config.staleness_limit,
     };
+    let workers: Vec<(String, Vec<String>)> = config
+        .workers
+        .iter()
+        .map(|w| (w.name.clone(), w.queues.clone()))
+        .collect();
     tasks.push(tokio::spawn(refresh.run(shutdown_rx.clone())));
+
+    if let Some(cluster) = &config.kubernetes {
+        let access = kubernetes.as_ref().ok_or_else(|| {
+            ConfigError::new(
+                "--kubernetes-api-url: the kubernetes section needs access to the Kubernetes API",
+            )
+        })?;
+        let client = kube_client(access, &cluster.namespace).map_err(ConfigError::new)?;
+        let watch = Arc::new(WorkloadWatch::start(
+            client.clone(),
+            &cluster.namespace,
+            shutdown_rx.clone(),
+        ));
+        tracing::info!(namespace = %cluster.namespace, idle_first_scale_in = cluster.idle_first_scale_in, "watching worker Deployments and pods");
+        if cluster.idle_first_scale_in {
+            let costs = DeletionCostLoop {
+                source,
+                watch,
+                pods: kube::Api::namespaced(client, &cluster.namespace),
+                workers,
+                interval: config.refresh_interval,
+                patches: metrics.pod_deletion_cost_patches.clone(),
+            };
+            tasks.push(tokio::spawn(costs.run(shutdown_rx.clone())));
+        }
+    }
 
     let addr = listener
         .local_addr()

@@ -8,6 +8,7 @@
 
 use airflow::rest_api::QueueCounts;
 use futures_util::future::BoxFuture;
+use std::collections::HashMap;
 
 /// The outcome for one queue: its counts, or a one-line reason (never containing secrets).
 pub type QueueOutcome = Result<QueueCounts, String>;
@@ -18,4 +19,11 @@ pub trait BacklogSource: Send + Sync + 'static {
 
     /// One outcome for every queue in `queues`, in any order.
     fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>>;
+
+    /// Task slots (Σ `pool_slots`) of the task instances running on `queues`, by the hostname
+    /// of the worker that runs them (a worker pod's name), or a one-line reason.
+    fn running_slots_by_host<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>>;
 }

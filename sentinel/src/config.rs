@@ -36,6 +36,18 @@ pub struct Config {
     pub source: SourceConfig,
     pub auth: AuthConfig,
     pub workers: Vec<WorkerConfig>,
+    /// The cluster side: the workers' Deployments and pods, read from the Kubernetes API.
+    pub kubernetes: Option<KubernetesConfig>,
+}
+
+/// What the Sentinel reads and writes in the workers' namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// Where the worker Deployments (named as the workers) and their pods live.
+    pub namespace: String,
+    /// Keep each worker pod's `controller.kubernetes.io/pod-deletion-cost` equal to the task
+    /// slots it runs, so that a scale-in removes idle pods first.
+    pub idle_first_scale_in: bool,
 }
 
 /// Where backlog counts come from.
@@ -114,6 +126,15 @@ struct RawConfig {
     /// Kept as raw values so each worker is parsed on its own (see the module doc).
     #[serde(default)]
     workers: Option<Vec<serde_yaml::Value>>,
+    kubernetes: Option<RawKubernetes>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawKubernetes {
+    namespace: Option<String>,
+    #[serde(default)]
+    idle_first_scale_in: bool,
 }
 
 #[derive(Deserialize)]
@@ -224,12 +245,38 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         workers.push(worker);
     }
 
+    let kubernetes = raw.kubernetes.map(validate_kubernetes).transpose()?;
+
     Ok(Config {
         refresh_interval,
         staleness_limit,
         source,
         auth,
         workers,
+        kubernetes,
+    })
+}
+
+fn validate_kubernetes(raw: RawKubernetes) -> Result<KubernetesConfig, ConfigError> {
+    let namespace = raw
+        .namespace
+        .ok_or_else(|| ConfigError::new("kubernetes.namespace: missing"))?;
+    // A DNS-1123 label, as the API server requires of a namespace name.
+    let valid = !namespace.is_empty()
+        && namespace.len() <= 63
+        && namespace
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !namespace.starts_with('-')
+        && !namespace.ends_with('-');
+    if !valid {
+        return Err(ConfigError::new(format!(
+            "kubernetes.namespace: {namespace:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+        )));
+    }
+    Ok(KubernetesConfig {
+        namespace,
+        idle_first_scale_in: raw.idle_first_scale_in,
     })
 }
 

@@ -13,6 +13,7 @@ pub mod app;
 pub mod auth;
 pub mod backlog_source;
 pub mod cache;
+pub mod cluster;
 pub mod config;
 pub mod metrics;
 pub mod postgres_source;

@@ -24,6 +24,12 @@ const BACKLOG_SQL: &str = "SELECT queue, state, count(*) \
      WHERE state IN ('queued', 'running') AND queue = ANY($1::text[]) \
      GROUP BY queue, state";
 
+/// Task slots of the running task instances of the given queues, by the worker running them.
+const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
+     FROM task_instance \
+     WHERE state = 'running' AND queue = ANY($1::text[]) AND hostname <> '' \
+     GROUP BY hostname";
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A query that takes longer is abandoned and its connection dropped (the next refresh
 /// reconnects): a wedged connection must not hold every queue's value back.
@@ -40,6 +46,7 @@ pub struct PostgresSource {
 struct Connection {
     client: Client,
     statement: Statement,
+    running_slots: Statement,
 }
 
 impl PostgresSource {
@@ -91,11 +98,22 @@ impl PostgresSource {
             }
         };
         let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
+        let running_slots = client.prepare(RUNNING_SLOTS_SQL).await.map_err(describe)?;
         tracing::info!("connected to the Airflow metadata database");
-        Ok(Connection { client, statement })
+        Ok(Connection {
+            client,
+            statement,
+            running_slots,
+        })
     }
 
-    async fn counts(&self, queues: &[String]) -> Result<HashMap<String, QueueCounts>, String> {
+    /// Runs one of the connection's statements with `queues`, connecting first if needed; a
+    /// failed or overlong query drops the connection (the next call reconnects).
+    async fn query(
+        &self,
+        which: fn(&Connection) -> &Statement,
+        queues: &[String],
+    ) -> Result<Vec<tokio_postgres::Row>, String> {
         let mut guard = self.connection.lock().await;
         if guard.as_ref().is_none_or(|c| c.client.is_closed()) {
             *guard = None;
@@ -103,25 +121,36 @@ impl PostgresSource {
         }
         let conn = guard.as_ref().expect("connected above");
         self.queries.inc();
-        let rows = match tokio::time::timeout(
-            QUERY_TIMEOUT,
-            conn.client.query(&conn.statement, &[&queues]),
-        )
-        .await
+        match tokio::time::timeout(QUERY_TIMEOUT, conn.client.query(which(conn), &[&queues])).await
         {
-            Ok(Ok(rows)) => rows,
+            Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => {
                 *guard = None;
-                return Err(describe(e));
+                Err(describe(e))
             }
             Err(_) => {
                 *guard = None;
-                return Err(format!(
-                    "backlog query took longer than {}",
+                Err(format!(
+                    "query took longer than {}",
                     humantime::format_duration(QUERY_TIMEOUT)
-                ));
+                ))
             }
-        };
+        }
+    }
+
+    async fn running_slots(&self, queues: &[String]) -> Result<HashMap<String, u64>, String> {
+        let rows = self.query(|c| &c.running_slots, queues).await?;
+        let mut slots = HashMap::new();
+        for row in rows {
+            let host: String = row.try_get(0).map_err(describe)?;
+            let n: i64 = row.try_get(1).map_err(describe)?;
+            slots.insert(host, u64::try_from(n).unwrap_or(0));
+        }
+        Ok(slots)
+    }
+
+    async fn counts(&self, queues: &[String]) -> Result<HashMap<String, QueueCounts>, String> {
+        let rows = self.query(|c| &c.statement, queues).await?;
         let mut counts: HashMap<String, QueueCounts> = HashMap::new();
         for row in rows {
             let queue: String = row.try_get(0).map_err(describe)?;
@@ -142,6 +171,13 @@ impl PostgresSource {
 impl BacklogSource for PostgresSource {
     fn kind(&self) -> &'static str {
         "postgres"
+    }
+
+    fn running_slots_by_host<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
+        self.running_slots(queues).boxed()
     }
 
     fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {

@@ -162,9 +162,11 @@ impl Settings {
             ))
         })?;
         let source = source_settings(&config.source, flags)?;
-        let kubernetes = match &config.auth.token_review {
-            Some(_) if !config.auth.disabled => Some(kubernetes_access(flags, env)?),
-            _ => None,
+        let reviews_tokens = config.auth.token_review.is_some() && !config.auth.disabled;
+        let kubernetes = if reviews_tokens || config.kubernetes.is_some() {
+            Some(kubernetes_access(flags, env)?)
+        } else {
+            None
         };
         Ok(Settings {
             config,
@@ -253,8 +255,8 @@ fn kubernetes_access(
         None => {
             let host = env("KUBERNETES_SERVICE_HOST").filter(|h| !h.is_empty()).ok_or_else(|| {
                 ConfigError::new(
-                    "--kubernetes-api-url: auth.tokenReview needs the API server: KUBERNETES_SERVICE_HOST \
-                     is not set (not in a cluster?); set --kubernetes-api-url",
+                    "--kubernetes-api-url: auth.tokenReview and the kubernetes section need the API \
+                     server: KUBERNETES_SERVICE_HOST is not set (not in a cluster?); set --kubernetes-api-url",
                 )
             })?;
             let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());

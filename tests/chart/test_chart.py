@@ -38,7 +38,7 @@ SEED_HPA_BEHAVIOR = {
 SENTINEL_PORT = 39092
 AGENT_PORT = 39091
 # The Sentinel rejects unknown keys in its config: the chart must render only these.
-SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers"}
+SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers", "kubernetes"}
 SENTINEL_WORKER_KEYS = {"name", "queues", "syncSlots", "minReplicas", "maxReplicas"}
 
 
@@ -394,9 +394,33 @@ def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
     assert vol["secret"]["secretName"] == target["name"]
     assert vol["secret"]["items"] == [{"key": target["key"], "path": "tokens"}]
     assert "subPath" not in mount  # a rotated token must reach the running Sentinel
-    # No TokenReview rights and no API token without the bound-token mode.
-    assert spec["automountServiceAccountToken"] is False
+    # No TokenReview rights without the bound-token mode: the API token serves only the
+    # namespaced Role that reads the workers (and sets their pod-deletion cost).
+    assert spec["automountServiceAccountToken"] is True
     assert not r.all("ClusterRole") and not r.all("ClusterRoleBinding") and not r.all("ClusterTriggerAuthentication")
+    assert config["kubernetes"] == {"namespace": NAMESPACE, "idleFirstScaleIn": True}
+    role = r.get("Role", "astro-sentinel")
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    ]
+    binding = r.get("RoleBinding", "astro-sentinel")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "astro-sentinel", "namespace": NAMESPACE}]
+
+
+def test_sentinel_without_kubernetes_access_has_no_api_token(chart):
+    values, _ = effective("keda-static")
+    r = chart.render(scenario("keda-static"), sets=("sentinel.kubernetes.enabled=false",))
+    assert r.get("Deployment", "astro-sentinel")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert not r.all("Role") and not r.all("RoleBinding") and not r.all("ClusterRole")
+    assert "kubernetes" not in sentinel_config(r, values)
+
+
+def test_idle_first_scale_in_off_drops_the_patch_right(chart):
+    values, _ = effective("keda-static")
+    r = chart.render(scenario("keda-static"), sets=("sentinel.kubernetes.idleFirstScaleIn=false",))
+    assert r.get("Role", "astro-sentinel")["rules"][1]["verbs"] == ["get", "list", "watch"]
+    assert sentinel_config(r, values)["kubernetes"]["idleFirstScaleIn"] is False
 
 
 def test_static_token_from_an_existing_secret(chart):
@@ -481,7 +505,7 @@ def test_bound_token_defaults_to_kedas_own_namespace(chart):
     (sa,) = [s for s in r.all("ServiceAccount") if s["metadata"]["namespace"] == "keda"]
     config = yaml.safe_load(r.get("ConfigMap", "astro-sentinel")["data"]["config.yaml"])
     assert config["auth"]["tokenReview"]["allowedUsernames"] == [f"system:serviceaccount:keda:{sa['metadata']['name']}"]
-    (binding,) = r.all("RoleBinding")
+    (binding,) = [b for b in r.all("RoleBinding") if b["metadata"]["namespace"] == "keda"]
     assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": "keda-operator", "namespace": "keda"}
 
 

@@ -257,6 +257,9 @@ def start_sentinel(sc: Scenario, stack: AirflowStack) -> None:
     folder.mkdir()
     config = copy.deepcopy(sc.config)
     config["source"]["airflowApi"]["url"] = stack.api_base
+    # The chart's Sentinel also watches worker pods; that side is the cluster stage's, and this
+    # stage has no API server to watch.
+    config.pop("kubernetes", None)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASTRO_SENTINEL_", "KEDA_"))}
     env.update(RUST_LOG="info", ASTRO_SENTINEL_AIRFLOW_USERNAME=USERNAME, ASTRO_SENTINEL_AIRFLOW_PASSWORD=PASSWORD)
     sc.port = free_port()
