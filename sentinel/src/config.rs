@@ -536,6 +536,41 @@ auth:
     }
 
     #[test]
+    fn the_kubernetes_section_names_its_namespace() {
+        let c = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: airflow-workers\n  idleFirstScaleIn: true\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.kubernetes,
+            Some(KubernetesConfig {
+                namespace: "airflow-workers".into(),
+                idle_first_scale_in: true
+            })
+        );
+        assert_eq!(Config::parse(BASE).unwrap().kubernetes, None);
+        let missing = Config::parse(&format!("{BASE}kubernetes:\n  idleFirstScaleIn: true\n"))
+            .unwrap_err()
+            .0;
+        assert_eq!(missing, "kubernetes.namespace: missing");
+        let bad = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: Airflow_Workers\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(
+            bad.starts_with("kubernetes.namespace: \"Airflow_Workers\""),
+            "{bad}"
+        );
+        let unknown = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: a\n  idleFirst: true\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(unknown.contains("idleFirst"), "{unknown}");
+    }
+
+    #[test]
     fn the_documented_example_parses_with_defaults() {
         let c = Config::parse(
             "
