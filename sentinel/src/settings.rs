@@ -75,11 +75,11 @@ pub struct Flags {
     )]
     pub postgres_url: Option<String>,
 
-    /// Kubernetes API server for TokenReview [default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT]
+    /// Kubernetes API server (TokenReview; the workers' Deployments and pods) [default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT]
     #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_API_URL", value_name = "URL")]
     pub kubernetes_api_url: Option<String>,
 
-    /// The Sentinel's own service-account token, re-read for every TokenReview (it rotates)
+    /// The Sentinel's own service-account token, re-read as it rotates
     #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_TOKEN_FILE", value_name = "PATH",
           default_value = DEFAULT_KUBERNETES_TOKEN_FILE)]
     pub kubernetes_token_file: PathBuf,
