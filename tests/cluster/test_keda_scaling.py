@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 import pytest
@@ -73,6 +74,18 @@ def _backlog_reader(token: str, deployment: str):
     return backlog
 
 
+def _settled(samples, hold: float):
+    """The samples (with work) whose backlog is the same as in every sample of the ``hold``
+    seconds before them."""
+    out = []
+    for i, s in enumerate(samples):
+        window = [p for p in samples[:i] if s.t - hold <= p.t]
+        if (s.backlog and s.desired is not None and window and samples[0].t <= s.t - hold
+                and all(p.backlog == s.backlog for p in window)):
+            out.append(s)
+    return out
+
+
 def _parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
@@ -116,6 +129,14 @@ def test_keda_scales_a_burst_from_zero_to_max_and_back_draining_deleted_pods(sca
         "the HPA never asked for the maximum while the backlog was high"
     peak = steps.index(4)
     assert steps[peak:] == sorted(steps[peak:], reverse=True), f"the pool grew again after its peak: {steps}"
+    # Where the backlog held still long enough for KEDA's poll, the HPA's sync and its 10 s
+    # scale-down window, the HPA wants exactly ceil(backlog / syncSlots), capped at the maximum.
+    settled = _settled(timeline.samples, hold=15.0)
+    uncapped = [s for s in settled if s.backlog <= 2 * 4]
+    assert uncapped, "the backlog never held still below the pool's capacity: nothing to check the target on"
+    for s in settled:
+        assert s.desired == min(4, math.ceil(s.backlog / 2)), \
+            f"at {s.t:.0f}s the HPA wanted {s.desired} for a backlog of {s.backlog:g} (syncSlots 2, max 4)"
 
     # Drain: every deleted pod's agent exited 0 inside its grace period, after its tasks ended.
     deleted = [s for s in stories.values() if s.deletion_requested_at is not None]
