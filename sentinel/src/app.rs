@@ -1,6 +1,7 @@
-//! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth and
-//! metrics. [`start`] returns a handle that stops everything; tests use [`start_with`] to
-//! plug in their own source and listener.
+//! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth, metrics
+//! and the scaling history. [`start`] returns a handle that stops everything; tests use
+//! [`start_with`] to plug in their own source and listener, and [`start_with_cluster`] to add
+//! what the Kubernetes side knows about the workers.
 
 use crate::airflow_api_source::AirflowApiSource;
 use crate::api::{handle, AppState};
@@ -10,6 +11,12 @@ use crate::auth::Authenticator;
 use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
 use crate::config::{Config, ConfigError};
+use crate::history::clock::SystemClock;
+use crate::history::cluster::{ClusterSource, NoClusterSource};
+use crate::history::instance::instance_name;
+use crate::history::persist;
+use crate::history::recorder::{HistoryRecorder, RecorderInputs};
+use crate::history::store::{History, HistoryData};
 use crate::metrics::Metrics;
 use crate::postgres_source::PostgresSource;
 use crate::readiness::Readiness;
@@ -97,11 +104,24 @@ pub fn build_source(
     }
 }
 
-/// Starts the Sentinel on `listener` with `source`.
+/// Starts the Sentinel on `listener` with `source`, without data from the cluster.
 pub async fn start_with(
     config: Config,
     kubernetes: Option<KubernetesAccess>,
     source: Arc<dyn BacklogSource>,
+    metrics: Arc<Metrics>,
+    listener: TcpListener,
+) -> Result<Running, StartError> {
+    let cluster = Arc::new(NoClusterSource);
+    start_with_cluster(config, kubernetes, source, cluster, metrics, listener).await
+}
+
+/// Starts the Sentinel on `listener` with `source`; the history asks `cluster` about pods.
+pub async fn start_with_cluster(
+    config: Config,
+    kubernetes: Option<KubernetesAccess>,
+    source: Arc<dyn BacklogSource>,
+    cluster: Arc<dyn ClusterSource>,
     metrics: Arc<Metrics>,
     listener: TcpListener,
 ) -> Result<Running, StartError> {
@@ -161,6 +181,41 @@ pub async fn start_with(
         staleness_limit = %humantime::format_duration(config.staleness_limit),
         "starting"
     );
+    let history_data = match &config.history.path {
+        Some(path) => {
+            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if folder.is_some_and(|f| !f.is_dir()) {
+                return Err(StartError::Config(ConfigError::new(format!(
+                    "history.path: the folder of {} does not exist",
+                    path.display()
+                ))));
+            }
+            persist::load(path, &config.workers)
+        }
+        None => HistoryData::default(),
+    };
+    let history = Arc::new(History::new(
+        Arc::new(SystemClock),
+        instance_name(),
+        history_data,
+    ));
+    if let Some(path) = &config.history.path {
+        tasks.push(tokio::spawn(persist::keep_saved(
+            history.clone(),
+            path.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    let recorder = HistoryRecorder::new(
+        history.clone(),
+        RecorderInputs {
+            workers: config.workers.clone(),
+            cluster,
+            backlog_source_kind: source.kind(),
+            refresh_interval: config.refresh_interval,
+            staleness_limit: config.staleness_limit,
+        },
+    );
     let refresh = RefreshLoop {
         source,
         queues,
@@ -169,6 +224,7 @@ pub async fn start_with(
         readiness: readiness.clone(),
         interval: config.refresh_interval,
         staleness_limit: config.staleness_limit,
+        history: recorder,
     };
     tasks.push(tokio::spawn(refresh.run(shutdown_rx.clone())));
 
@@ -182,6 +238,7 @@ pub async fn start_with(
         auth,
         metrics.clone(),
         readiness.clone(),
+        history,
     ));
     let mut stop = shutdown_rx;
     let handler = move |req| {

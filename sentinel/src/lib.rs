@@ -14,6 +14,7 @@ pub mod auth;
 pub mod backlog_source;
 pub mod cache;
 pub mod config;
+pub mod history;
 pub mod metrics;
 pub mod postgres_source;
 pub mod postgres_tls;
