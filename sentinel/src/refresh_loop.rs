@@ -48,7 +48,8 @@ impl RefreshLoop {
             if *shutdown.borrow() {
                 return;
             }
-            let started = Instant::now();
+            // Tokio's clock, so that a test with paused time drives the cadence.
+            let started = tokio::time::Instant::now();
             let all_failed = tokio::select! {
                 all_failed = self.refresh_once(&mut logged) => all_failed,
                 _ = shutdown.changed() => return,
@@ -62,7 +63,7 @@ impl RefreshLoop {
             // The next refresh starts one interval after this one started, so a slow upstream
             // does not stretch the cadence (and a very slow one is simply read back to back).
             tokio::select! {
-                _ = tokio::time::sleep_until((started + pause).into()) => {}
+                _ = tokio::time::sleep_until(started + pause) => {}
                 _ = shutdown.changed() => return,
             }
         }
