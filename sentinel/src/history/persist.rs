@@ -3,8 +3,8 @@
 //!
 //! The file is `ASTROHST`, a format version (u32, little endian), the SHA-256 of the payload
 //! and the payload: the tier layout and every worker's history in postcard (a compact serde
-//! format with a stable, documented wire format, kept up; bincode's line is no longer
-//! maintained). Writing goes to a temporary file in the same folder, synced, then renamed over
+//! format with a stable, documented wire format, maintained; bincode's development has ceased,
+//! RUSTSEC-2025-0141). Writing goes to a temporary file in the same folder, synced, then renamed over
 //! the old one, so a crash leaves the old file or the new one, never half of one. A file that
 //! is corrupt, from another format version or with another tier layout is logged and ignored:
 //! the Sentinel starts with an empty history rather than a wrong one (and never fails to
