@@ -30,7 +30,10 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -54,8 +57,8 @@ fn sample(i: u64, w: usize) -> Sample {
         cluster: ClusterView {
             workers: Some(workers),
             running: Some(workers.saturating_sub(1)),
-            waiting: Some(u32::from(i % 5 == 0)),
-            terminating: Some(u32::from(i % 7 == 0)),
+            waiting: Some((i % 5) as u32 / 4), // 1 one refresh in five
+            terminating: Some((i % 7) as u32 / 6), // 1 one refresh in seven
         },
         backlog,
         queued: backlog / 2,
@@ -73,7 +76,9 @@ fn mib(bytes: isize) -> f64 {
 fn main() {
     let before = LIVE.load(Ordering::Relaxed);
     let mut data = HistoryData::default();
-    let names: Vec<String> = (0..WORKERS).map(|w| format!("astro-worker-{w:03}")).collect();
+    let names: Vec<String> = (0..WORKERS)
+        .map(|w| format!("astro-worker-{w:03}"))
+        .collect();
     for name in &names {
         data.workers.insert(name.clone(), WorkerHistory::default());
     }
@@ -84,7 +89,12 @@ fn main() {
     let mut i = 0u64;
     while at <= now_ms {
         for (w, history) in data.workers.values_mut().enumerate() {
-            history.record(at, &sample(i, w), STEP_MS as u32, DecisionSource::AirflowApi);
+            history.record(
+                at,
+                &sample(i, w),
+                STEP_MS as u32,
+                DecisionSource::AirflowApi,
+            );
         }
         at += STEP_MS;
         i += 1;
@@ -100,9 +110,29 @@ fn main() {
     let decode_time = decoding.elapsed();
     assert_eq!(decoded.workers.len(), WORKERS);
 
-    println!("history memory, {WORKERS} workers, {DAYS} days of samples every {} s:", STEP_MS / 1000);
-    println!("  samples recorded         {} per worker ({fill_time:.1?} for all)", i);
-    println!("  live heap                {:.1} MiB ({:.0} KiB per worker)", mib(live), live as f64 / 1024.0 / WORKERS as f64);
-    println!("  target                   <= {TARGET_MIB:.0} MiB: {}", if mib(live) <= TARGET_MIB { "met" } else { "MISSED" });
-    println!("  history file             {:.1} MiB (encode {encode_time:.1?}, decode {decode_time:.1?})", mib(bytes.len() as isize));
+    println!(
+        "history memory, {WORKERS} workers, {DAYS} days of samples every {} s:",
+        STEP_MS / 1000
+    );
+    println!(
+        "  samples recorded         {} per worker ({fill_time:.1?} for all)",
+        i
+    );
+    println!(
+        "  live heap                {:.1} MiB ({:.0} KiB per worker)",
+        mib(live),
+        live as f64 / 1024.0 / WORKERS as f64
+    );
+    println!(
+        "  target                   <= {TARGET_MIB:.0} MiB: {}",
+        if mib(live) <= TARGET_MIB {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    println!(
+        "  history file             {:.1} MiB (encode {encode_time:.1?}, decode {decode_time:.1?})",
+        mib(bytes.len() as isize)
+    );
 }

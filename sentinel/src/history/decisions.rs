@@ -58,7 +58,7 @@ impl DecisionSource {
     }
 }
 
-/// One change. The formula text is built when asked, not stored: 40 bytes an entry.
+/// One change. The formula text is built when asked, not stored: 48 bytes an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
     pub at_ms: u64,

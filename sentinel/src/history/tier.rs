@@ -212,10 +212,6 @@ impl Tier {
             .take_while(move |b| u64::from(b.start_s) <= last_start_s)
     }
 
-    pub fn oldest_start_s(&self) -> Option<u32> {
-        self.buckets.front().map(|b| b.start_s)
-    }
-
     /// Whether every bucket is a well-formed member of `spec` (for a file read from disk).
     pub fn fits(&self, spec: TierSpec) -> bool {
         self.buckets.len() <= spec.capacity
