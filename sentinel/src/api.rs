@@ -4,6 +4,7 @@
 //! | --------------------- | ---- | ---------------------------------------------------------- |
 //! | `GET /v1/workers/{n}` | yes  | 200 backlog JSON; 404 unknown; 503 stale / not loaded yet  |
 //! | `GET /v1/workers`     | yes  | 200 `{"workers": [...]}`, each with `available`            |
+//! | `GET /v1/workers/{n}/history?range=` | yes | 200 scaling history; 400 bad `range`; 404  |
 //! | `GET /metrics`        | no   | Prometheus text format                                     |
 //! | `GET /healthz`        | no   | 200 while the process serves                               |
 //! | `GET /readyz`         | no   | 200 after the first successful refresh, else 503           |
@@ -15,6 +16,8 @@
 use crate::auth::{Authenticator, Decision};
 use crate::cache::BacklogCache;
 use crate::config::WorkerConfig;
+use crate::history::range::HistoryRange;
+use crate::history::store::History;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
@@ -39,6 +42,7 @@ pub struct AppState {
     pub auth: Authenticator,
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
+    pub history: Arc<History>,
 }
 
 impl AppState {
@@ -49,6 +53,7 @@ impl AppState {
         auth: Authenticator,
         metrics: Arc<Metrics>,
         readiness: Readiness,
+        history: Arc<History>,
     ) -> Self {
         let index = workers
             .iter()
@@ -63,6 +68,7 @@ impl AppState {
             auth,
             metrics,
             readiness,
+            history,
         }
     }
 
@@ -95,6 +101,12 @@ async fn route<B: hyper::body::Body>(
         "/readyz" => "readyz",
         "/metrics" => "metrics",
         "/v1/workers" => "workers",
+        p if p
+            .strip_prefix("/v1/workers/")
+            .is_some_and(|name| name.ends_with(HISTORY_SUFFIX)) =>
+        {
+            "history"
+        }
         p if p.starts_with("/v1/workers/") => "worker",
         _ => "other",
     };
@@ -138,14 +150,19 @@ async fn route<B: hyper::body::Body>(
             );
             respond(StatusCode::OK, PROMETHEUS_TEXT, body.into())
         }
-        "workers" | "worker" => {
+        "workers" | "worker" | "history" => {
             let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
             match state.auth.check(authorization).await {
                 Decision::Allow => {
-                    if handler == "workers" {
-                        list(state)
-                    } else {
-                        one(state, &path["/v1/workers/".len()..])
+                    let name = path.strip_prefix("/v1/workers/").unwrap_or_default();
+                    match handler {
+                        "workers" => list(state),
+                        "history" => history(
+                            state,
+                            name.strip_suffix(HISTORY_SUFFIX).unwrap_or_default(),
+                            req.uri().query(),
+                        ),
+                        _ => one(state, name),
                     }
                 }
                 Decision::Unauthorized(message) => {
@@ -179,6 +196,33 @@ fn one(state: &AppState, name: &str) -> Response<Body> {
         WorkerAnswer::Ready(b) => json(StatusCode::OK, &b),
         WorkerAnswer::Unavailable(u) => json(StatusCode::SERVICE_UNAVAILABLE, &u),
     }
+}
+
+const HISTORY_SUFFIX: &str = "/history";
+
+/// `GET /v1/workers/{name}/history?range=15m|1h|6h|1d|7d|14d` (default `1d`).
+fn history(state: &AppState, name: &str, query: Option<&str>) -> Response<Body> {
+    let mut range = HistoryRange::default();
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if key == "range" {
+            match HistoryRange::parse(&value) {
+                Some(r) => range = r,
+                None => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("range: must be one of 15m, 1h, 6h, 1d, 7d, 14d, got {value:?}"),
+                    )
+                }
+            }
+        }
+    }
+    let Some(&i) = state.index.get(name) else {
+        return error(StatusCode::NOT_FOUND, format!("unknown worker {name:?}"));
+    };
+    json(
+        StatusCode::OK,
+        &state.history.answer(&state.workers[i], range),
+    )
 }
 
 /// One entry of `GET /v1/workers`: the worker's own answer plus `available`.

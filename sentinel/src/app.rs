@@ -1,6 +1,7 @@
-//! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth and
-//! metrics. [`start`] returns a handle that stops everything; tests use [`start_with`] to
-//! plug in their own source and listener.
+//! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth, metrics
+//! and the scaling history. [`start`] returns a handle that stops everything; tests use
+//! [`start_with`] to plug in their own source and listener, and [`start_with_cluster`] to add
+//! what the Kubernetes side knows about the workers.
 
 use crate::airflow_api_source::AirflowApiSource;
 use crate::api::{handle, AppState};
@@ -11,6 +12,12 @@ use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
 use crate::cluster::{kube_client, DeletionCostLoop, WorkloadWatch};
 use crate::config::{Config, ConfigError};
+use crate::history::clock::SystemClock;
+use crate::history::cluster::{ClusterSource, NoClusterSource};
+use crate::history::instance::instance_name;
+use crate::history::persist;
+use crate::history::recorder::{HistoryRecorder, RecorderInputs};
+use crate::history::store::{History, HistoryData};
 use crate::metrics::Metrics;
 use crate::postgres_source::PostgresSource;
 use crate::readiness::Readiness;
@@ -98,11 +105,24 @@ pub fn build_source(
     }
 }
 
-/// Starts the Sentinel on `listener` with `source`.
+/// Starts the Sentinel on `listener` with `source`, without data from the cluster.
 pub async fn start_with(
     config: Config,
     kubernetes: Option<KubernetesAccess>,
     source: Arc<dyn BacklogSource>,
+    metrics: Arc<Metrics>,
+    listener: TcpListener,
+) -> Result<Running, StartError> {
+    let cluster = Arc::new(NoClusterSource);
+    start_with_cluster(config, kubernetes, source, cluster, metrics, listener).await
+}
+
+/// Starts the Sentinel on `listener` with `source`; the history asks `cluster` about pods.
+pub async fn start_with_cluster(
+    config: Config,
+    kubernetes: Option<KubernetesAccess>,
+    source: Arc<dyn BacklogSource>,
+    cluster: Arc<dyn ClusterSource>,
     metrics: Arc<Metrics>,
     listener: TcpListener,
 ) -> Result<Running, StartError> {
@@ -162,6 +182,77 @@ pub async fn start_with(
         staleness_limit = %humantime::format_duration(config.staleness_limit),
         "starting"
     );
+    let history_data = match &config.history.path {
+        Some(path) => {
+            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if folder.is_some_and(|f| !f.is_dir()) {
+                return Err(StartError::Config(ConfigError::new(format!(
+                    "history.path: the folder of {} does not exist",
+                    path.display()
+                ))));
+            }
+            persist::load(path, &config.workers)
+        }
+        None => HistoryData::default(),
+    };
+    let history = Arc::new(History::new(
+        Arc::new(SystemClock),
+        instance_name(),
+        history_data,
+    ));
+    if let Some(path) = &config.history.path {
+        tasks.push(tokio::spawn(persist::keep_saved(
+            history.clone(),
+            path.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    let workers: Vec<(String, Vec<String>)> = config
+        .workers
+        .iter()
+        .map(|w| (w.name.clone(), w.queues.clone()))
+        .collect();
+    // With a kubernetes section, the watch of the worker Deployments and pods answers for the
+    // history (and feeds the pod-deletion costs); otherwise `cluster` does.
+    let cluster: Arc<dyn ClusterSource> = if let Some(k8s) = &config.kubernetes {
+        let access = kubernetes.as_ref().ok_or_else(|| {
+            ConfigError::new(
+                "--kubernetes-api-url: the kubernetes section needs access to the Kubernetes API",
+            )
+        })?;
+        let client = kube_client(access, &k8s.namespace).map_err(ConfigError::new)?;
+        let watch = Arc::new(WorkloadWatch::start(
+            client.clone(),
+            &k8s.namespace,
+            shutdown_rx.clone(),
+        ));
+        tracing::info!(namespace = %k8s.namespace, idle_first_scale_in = k8s.idle_first_scale_in, "watching worker Deployments and pods");
+        if k8s.idle_first_scale_in {
+            let costs = DeletionCostLoop {
+                source: source.clone(),
+                watch: watch.clone(),
+                pods: kube::Api::namespaced(client, &k8s.namespace),
+                workers,
+                interval: config.refresh_interval,
+                patches: metrics.pod_deletion_cost_patches.clone(),
+            };
+            tasks.push(tokio::spawn(costs.run(shutdown_rx.clone())));
+        }
+        watch
+    } else {
+        cluster
+    };
+
+    let recorder = HistoryRecorder::new(
+        history.clone(),
+        RecorderInputs {
+            workers: config.workers.clone(),
+            cluster,
+            backlog_source_kind: source.kind(),
+            refresh_interval: config.refresh_interval,
+            staleness_limit: config.staleness_limit,
+        },
+    );
     let refresh = RefreshLoop {
         source: source.clone(),
         queues,
@@ -170,39 +261,9 @@ pub async fn start_with(
         readiness: readiness.clone(),
         interval: config.refresh_interval,
         staleness_limit: config.staleness_limit,
+        history: recorder,
     };
-    let workers: Vec<(String, Vec<String>)> = config
-        .workers
-        .iter()
-        .map(|w| (w.name.clone(), w.queues.clone()))
-        .collect();
     tasks.push(tokio::spawn(refresh.run(shutdown_rx.clone())));
-
-    if let Some(cluster) = &config.kubernetes {
-        let access = kubernetes.as_ref().ok_or_else(|| {
-            ConfigError::new(
-                "--kubernetes-api-url: the kubernetes section needs access to the Kubernetes API",
-            )
-        })?;
-        let client = kube_client(access, &cluster.namespace).map_err(ConfigError::new)?;
-        let watch = Arc::new(WorkloadWatch::start(
-            client.clone(),
-            &cluster.namespace,
-            shutdown_rx.clone(),
-        ));
-        tracing::info!(namespace = %cluster.namespace, idle_first_scale_in = cluster.idle_first_scale_in, "watching worker Deployments and pods");
-        if cluster.idle_first_scale_in {
-            let costs = DeletionCostLoop {
-                source,
-                watch,
-                pods: kube::Api::namespaced(client, &cluster.namespace),
-                workers,
-                interval: config.refresh_interval,
-                patches: metrics.pod_deletion_cost_patches.clone(),
-            };
-            tasks.push(tokio::spawn(costs.run(shutdown_rx.clone())));
-        }
-    }
 
     let addr = listener
         .local_addr()
@@ -214,6 +275,7 @@ pub async fn start_with(
         auth,
         metrics.clone(),
         readiness.clone(),
+        history,
     ));
     let mut stop = shutdown_rx;
     let handler = move |req| {

@@ -38,6 +38,13 @@ pub struct Config {
     pub workers: Vec<WorkerConfig>,
     /// The cluster side: the workers' Deployments and pods, read from the Kubernetes API.
     pub kubernetes: Option<KubernetesConfig>,
+    pub history: HistoryConfig,
+}
+
+/// Where the scaling history is kept across restarts; `None`: in memory only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryConfig {
+    pub path: Option<PathBuf>,
 }
 
 /// What the Sentinel reads and writes in the workers' namespace.
@@ -127,6 +134,14 @@ struct RawConfig {
     #[serde(default)]
     workers: Option<Vec<serde_yaml::Value>>,
     kubernetes: Option<RawKubernetes>,
+    #[serde(default)]
+    history: Option<RawHistory>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawHistory {
+    path: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -230,6 +245,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     }
     let source = validate_source(raw.source)?;
     let auth = validate_auth(raw.auth.unwrap_or_default())?;
+    let history = validate_history(raw.history.unwrap_or_default())?;
 
     let mut workers = Vec::new();
     let mut first_index: HashMap<String, usize> = HashMap::new();
@@ -253,6 +269,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         source,
         auth,
         workers,
+        history,
         kubernetes,
     })
 }
@@ -278,6 +295,19 @@ fn validate_kubernetes(raw: RawKubernetes) -> Result<KubernetesConfig, ConfigErr
         namespace,
         idle_first_scale_in: raw.idle_first_scale_in,
     })
+}
+
+fn validate_history(raw: RawHistory) -> Result<HistoryConfig, ConfigError> {
+    let Some(path) = raw.path else {
+        return Ok(HistoryConfig::default());
+    };
+    let text = path.to_string_lossy();
+    if text.trim().is_empty() || text.ends_with('/') || path.file_name().is_none() {
+        return Err(ConfigError::new(format!(
+            "history.path: {text:?} is not a file path (e.g. /var/lib/astro-sentinel/history.bin)"
+        )));
+    }
+    Ok(HistoryConfig { path: Some(path) })
 }
 
 fn validate_source(raw: Option<RawSource>) -> Result<SourceConfig, ConfigError> {
@@ -712,6 +742,30 @@ workers:
         .unwrap_err()
         .0;
         assert!(e.contains("auth.tokenReview.audiences"), "{e}");
+    }
+
+    #[test]
+    fn history_path_is_optional_and_must_name_a_file() {
+        let c = with_workers("  - {name: w, queues: [a]}\n").unwrap();
+        assert_eq!(c.history.path, None, "memory only by default");
+        let c = Config::parse(&format!(
+            "{BASE}history:\n  path: /var/lib/astro-sentinel/history.bin\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.history.path.as_deref(),
+            Some(Path::new("/var/lib/astro-sentinel/history.bin"))
+        );
+        for bad in ["\"\"", "/var/lib/astro-sentinel/", "/var/lib/.."] {
+            let e = Config::parse(&format!("{BASE}history:\n  path: {bad}\n"))
+                .unwrap_err()
+                .0;
+            assert!(e.starts_with("history.path:"), "{bad}: {e}");
+        }
+        let e = Config::parse(&format!("{BASE}history:\n  file: /x\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("file") && e.contains("path"), "{e}");
     }
 
     #[test]

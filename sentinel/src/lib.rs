@@ -5,7 +5,8 @@
 //! for every distinct queue; results land in the [`cache`]; requests ([`server`] → [`api`],
 //! guarded by [`auth`]) compute each worker's answer from the cache ([`worker_view`]) and
 //! never reach Airflow. A worker whose data is missing or older than the staleness limit
-//! answers 503 — never a made-up 0.
+//! answers 503 — never a made-up 0. After each refresh the [`history`] records what every
+//! worker would be told, for `GET /v1/workers/{name}/history`.
 
 pub mod airflow_api_source;
 pub mod api;
@@ -15,6 +16,7 @@ pub mod backlog_source;
 pub mod cache;
 pub mod cluster;
 pub mod config;
+pub mod history;
 pub mod metrics;
 pub mod postgres_source;
 pub mod postgres_tls;

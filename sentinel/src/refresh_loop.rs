@@ -4,9 +4,11 @@
 //! A queue whose read fails keeps its last value (the cache records the error next to it);
 //! the worker view decides when that value is too old to serve. When every queue fails —
 //! the upstream is down — the loop backs off (capped) instead of knocking at the interval.
+//! After each refresh, the history records what every worker would be told.
 
 use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
+use crate::history::recorder::HistoryRecorder;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use airflow::backoff::Backoff;
@@ -23,6 +25,7 @@ pub struct RefreshLoop {
     pub readiness: Readiness,
     pub interval: Duration,
     pub staleness_limit: Duration,
+    pub history: HistoryRecorder,
 }
 
 /// The longest pause between attempts while the upstream is down: short enough that a
@@ -45,7 +48,8 @@ impl RefreshLoop {
             if *shutdown.borrow() {
                 return;
             }
-            let started = Instant::now();
+            // Tokio's clock, so that a test with paused time drives the cadence.
+            let started = tokio::time::Instant::now();
             let all_failed = tokio::select! {
                 all_failed = self.refresh_once(&mut logged) => all_failed,
                 _ = shutdown.changed() => return,
@@ -59,7 +63,7 @@ impl RefreshLoop {
             // The next refresh starts one interval after this one started, so a slow upstream
             // does not stretch the cadence (and a very slow one is simply read back to back).
             tokio::select! {
-                _ = tokio::time::sleep_until((started + pause).into()) => {}
+                _ = tokio::time::sleep_until(started + pause) => {}
                 _ = shutdown.changed() => return,
             }
         }
@@ -101,8 +105,11 @@ impl RefreshLoop {
             }
             next.record(&queue, outcome, at, at_wall);
         }
-        self.log_staleness(&next, Instant::now(), &mut logged.stale);
+        let now = Instant::now();
+        self.log_staleness(&next, now, &mut logged.stale);
         self.cache.publish(next);
+        // After publishing: KEDA's answers never wait for the history.
+        self.history.record_refresh(&self.cache.snapshot(), now);
 
         if successes > 0 || self.queues.is_empty() {
             if !self.readiness.get() {

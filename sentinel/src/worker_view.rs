@@ -9,11 +9,16 @@ use crate::config::WorkerConfig;
 use serde::Serialize;
 use std::time::{Duration, Instant, SystemTime};
 
+/// `ceil(backlog / sync_slots)`: the workers the backlog calls for, not yet held within the
+/// worker's range (the history shows it below the minimum and above the maximum too).
+pub fn wanted_replicas(backlog: u64, sync_slots: u32) -> u32 {
+    let wanted = backlog.div_ceil(u64::from(sync_slots.max(1)));
+    u32::try_from(wanted).unwrap_or(u32::MAX)
+}
+
 /// `ceil(backlog / sync_slots)`, held between `min` and `max`.
 pub fn desired_replicas(backlog: u64, sync_slots: u32, min: u32, max: u32) -> u32 {
-    let wanted = backlog.div_ceil(u64::from(sync_slots.max(1)));
-    let wanted = u32::try_from(wanted).unwrap_or(u32::MAX);
-    wanted.clamp(min, max.max(min))
+    wanted_replicas(backlog, sync_slots).clamp(min, max.max(min))
 }
 
 /// The 200 answer of `GET /v1/workers/{name}`.
@@ -194,6 +199,15 @@ mod tests {
             min_replicas: min,
             max_replicas: max,
         }
+    }
+
+    #[test]
+    fn wanted_rounds_up_without_clamping() {
+        assert_eq!(wanted_replicas(0, 4), 0);
+        assert_eq!(wanted_replicas(12, 4), 3);
+        assert_eq!(wanted_replicas(13, 4), 4);
+        assert_eq!(wanted_replicas(1000, 16), 63, "above any max");
+        assert_eq!(wanted_replicas(u64::MAX, 1), u32::MAX);
     }
 
     #[test]

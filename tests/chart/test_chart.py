@@ -38,7 +38,7 @@ SEED_HPA_BEHAVIOR = {
 SENTINEL_PORT = 39092
 AGENT_PORT = 39091
 # The Sentinel rejects unknown keys in its config: the chart must render only these.
-SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers", "kubernetes"}
+SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers", "kubernetes", "history"}
 SENTINEL_WORKER_KEYS = {"name", "queues", "syncSlots", "minReplicas", "maxReplicas"}
 
 
@@ -560,6 +560,40 @@ def test_sentinel_worker_list_matches_the_keda_workers(chart, name):
 
 
 @pytest.mark.parametrize("name", [n for n in VALID_SCENARIOS if load_values(n).get("sentinel", {}).get("enabled")])
+def test_sentinel_history_file_lives_on_its_volume(chart, name):
+    values, _ = effective(name)
+    r = chart.render(scenario(name))
+    history = values["sentinel"]["history"]
+    config = sentinel_config(r, values)
+    sentinel = r.get("Deployment", f"{values['resourceNamePrefix']}-sentinel")
+    mounts = {m["name"]: m for m in container(sentinel, "sentinel")["volumeMounts"]}
+    volumes = {v["name"]: v for v in sentinel["spec"]["template"]["spec"]["volumes"]}
+    if not history["enabled"]:
+        assert "history" not in config, "memory only"
+        assert "history" not in mounts and "history" not in volumes
+        return
+    folder, file_name = config["history"]["path"].rsplit("/", 1)
+    assert file_name == "history.bin"
+    assert mounts["history"]["mountPath"] == folder
+    assert not mounts["history"].get("readOnly")
+    if history["existingClaim"]:
+        assert volumes["history"]["persistentVolumeClaim"] == {"claimName": history["existingClaim"]}
+    else:
+        assert volumes["history"]["emptyDir"] == {}
+
+
+def test_sentinel_history_default_is_an_empty_dir_and_a_claim_needs_one_replica(chart):
+    base = scenario("keda-static")
+    r = chart.render(base, sets=["sentinel.history.enabled=true", "sentinel.replicaCount=2"])
+    pod = r.get("Deployment", "astro-sentinel")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "history"]
+    assert volume == {"name": "history", "emptyDir": {}}, "one per replica"
+    err = chart.render_error(base, sets=["sentinel.history.enabled=true", "sentinel.replicaCount=2",
+                                         "sentinel.history.existingClaim=history"])
+    assert "sentinel.history.existingClaim" in err and "replicaCount" in err, err
+
+
+@pytest.mark.parametrize("name", [n for n in VALID_SCENARIOS if load_values(n).get("sentinel", {}).get("enabled")])
 def test_sentinel_network_policy_admits_keda_and_scrapers_only(chart, name):
     values, _ = effective(name)
     r = chart.render(scenario(name))
@@ -841,6 +875,8 @@ def test_real_sentinel_accepts_the_rendered_config(chart, name, tmp_path):
     if "staticTokensFile" in config["auth"]:
         (tmp_path / "tokens").write_text("test-token\n")
         config["auth"]["staticTokensFile"] = str(tmp_path / "tokens")
+    if "history" in config:
+        config["history"]["path"] = str(tmp_path / "history.bin")
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "sa-token").write_text("sa-token\n")
     env = {

@@ -15,6 +15,11 @@ Names, labels and the resolved worker list live here once; every template uses t
 {{- printf "%s-sentinel" (include "astro-agent.prefix" .) -}}
 {{- end -}}
 
+{{/* Where the Sentinel keeps its scaling history file (`sentinel.history.enabled`). */}}
+{{- define "astro-agent.sentinelHistoryDir" -}}
+/var/lib/astro-sentinel
+{{- end -}}
+
 {{/* The Secret holding the Airflow settings given as `value`. */}}
 {{- define "astro-agent.airflowSecretName" -}}
 {{- printf "%s-airflow" (include "astro-agent.prefix" .) -}}

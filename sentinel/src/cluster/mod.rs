@@ -9,10 +9,8 @@
 mod client;
 mod deletion_cost;
 mod pod_state;
-mod view;
 mod workload_watch;
 
 pub use client::kube_client;
 pub use deletion_cost::DeletionCostLoop;
-pub use view::ClusterView;
 pub use workload_watch::WorkloadWatch;

@@ -7,7 +7,7 @@
 //! view is unknown rather than a count of what happens to be cached.
 
 use super::pod_state::{pod_state, selects, PodState};
-use super::view::ClusterView;
+use crate::history::cluster::{ClusterSource, ClusterView};
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -45,7 +45,7 @@ impl WorkloadWatch {
 
     /// The Deployment named `deployment` as the cluster sees it; all unknown while a watch
     /// has not listed yet or is failing, or when there is no such Deployment.
-    pub fn view(&self, deployment: &str) -> ClusterView {
+    fn cluster_view(&self, deployment: &str) -> ClusterView {
         if !self.ready() {
             return ClusterView::default();
         }
@@ -106,6 +106,12 @@ impl WorkloadWatch {
         };
         self.pods
             .state_filter(|pod| selects(selector, pod.metadata.labels.as_ref()))
+    }
+}
+
+impl ClusterSource for WorkloadWatch {
+    fn view(&self, deployment: &str) -> ClusterView {
+        self.cluster_view(deployment)
     }
 }
 

@@ -439,6 +439,17 @@ pub async fn start_against(
     yaml_rest: &str,
     kubernetes: Option<KubernetesAccess>,
 ) -> Running {
+    try_start_against(fake_addr, yaml_rest, kubernetes)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`start_against`], returning why the Sentinel did not start.
+pub async fn try_start_against(
+    fake_addr: SocketAddr,
+    yaml_rest: &str,
+    kubernetes: Option<KubernetesAccess>,
+) -> Result<Running, app::StartError> {
     let yaml = format!(
         "source:\n  type: airflow-api\n  airflowApi:\n    url: http://{fake_addr}\n{yaml_rest}"
     );
@@ -453,9 +464,7 @@ pub async fn start_against(
     )
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    app::start_with(config, kubernetes, source, metrics, listener)
-        .await
-        .unwrap()
+    app::start_with(config, kubernetes, source, metrics, listener).await
 }
 
 pub async fn fake_airflow() -> (Arc<FakeAirflow>, TestServer) {

@@ -1,0 +1,29 @@
+//! Scaling history: what each worker wanted, what it got, and what held it back, over the last
+//! 15 minutes to 14 days — the data behind the scaling history dialog.
+//!
+//! Data flows one way: after every refresh the [`recorder`] turns each worker's answer (the
+//! one KEDA gets) and the [`cluster`] view into a [`sample`]; the [`store`] adds it to three
+//! downsampled [`tier`]s and to the [`decisions`] log; a request picks the tier of its
+//! [`range`] and builds the [`answer`], with [`findings`] worded by [`duration_text`].
+//! [`persist`] keeps it across restarts when `history.path` is set.
+//!
+//! With two Sentinel replicas, each records the same inputs on its own (both read the same
+//! source every refresh); an answer names the replica that recorded it (`recordedBy`, from
+//! [`instance`]) and since when (`recordingSince`), so the page can say whose recording it
+//! shows. Nothing is exchanged between replicas: there is nothing to reconcile, and one
+//! replica's restart loses only its own recording.
+
+pub mod answer;
+pub mod clock;
+pub mod cluster;
+pub mod decisions;
+pub mod duration_text;
+pub mod findings;
+pub mod instance;
+pub mod persist;
+pub mod range;
+pub mod recorder;
+pub mod sample;
+pub mod store;
+pub mod tier;
+pub mod worker_history;

@@ -1,0 +1,233 @@
+//! Turns each refresh into history: for every configured worker, what KEDA would be told
+//! right now (the same computation as `GET /v1/workers/{name}`) plus what the cluster says.
+//!
+//! A worker whose answer is unavailable (not loaded, stale) gets a gap, never a 0. Each sample
+//! stands for the time since the previous refresh, capped at the staleness limit: a longer
+//! silence is time KEDA would have been refused an answer, so it is not counted as observed.
+//! The first refresh stands for one refresh interval.
+
+use super::cluster::ClusterSource;
+use super::decisions::DecisionSource;
+use super::sample::Sample;
+use super::store::History;
+use crate::cache::Snapshot;
+use crate::config::WorkerConfig;
+use crate::worker_view::{worker_answer, WorkerAnswer};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct HistoryRecorder {
+    history: Arc<History>,
+    workers: Vec<WorkerConfig>,
+    cluster: Arc<dyn ClusterSource>,
+    backlog_source: DecisionSource,
+    refresh_interval: Duration,
+    staleness_limit: Duration,
+    /// Wall-clock milliseconds of the previous refresh, whatever its outcome.
+    previous_refresh_ms: Mutex<Option<u64>>,
+}
+
+/// How the recorder reads its inputs.
+pub struct RecorderInputs {
+    pub workers: Vec<WorkerConfig>,
+    pub cluster: Arc<dyn ClusterSource>,
+    /// `BacklogSource::kind()` of the configured source.
+    pub backlog_source_kind: &'static str,
+    pub refresh_interval: Duration,
+    pub staleness_limit: Duration,
+}
+
+impl HistoryRecorder {
+    pub fn new(history: Arc<History>, inputs: RecorderInputs) -> HistoryRecorder {
+        HistoryRecorder {
+            history,
+            workers: inputs.workers,
+            cluster: inputs.cluster,
+            backlog_source: DecisionSource::for_backlog(inputs.backlog_source_kind),
+            refresh_interval: inputs.refresh_interval,
+            staleness_limit: inputs.staleness_limit,
+            previous_refresh_ms: Mutex::new(None),
+        }
+    }
+
+    /// Records every worker as of `snapshot`; `now` is the monotonic time staleness is
+    /// judged by (as for requests).
+    pub fn record_refresh(&self, snapshot: &Snapshot, now: Instant) {
+        let at_ms = self.history.now_ms();
+        let weight_ms = {
+            let mut previous = self
+                .previous_refresh_ms
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let span = match previous.replace(at_ms) {
+                // A wall clock that stepped back gives 0, not a huge span.
+                Some(before) => Duration::from_millis(at_ms.saturating_sub(before)),
+                None => self.refresh_interval,
+            };
+            let span = span.min(self.staleness_limit);
+            u32::try_from(span.as_millis()).unwrap_or(u32::MAX)
+        };
+        let samples = self.workers.iter().filter_map(|worker| {
+            match worker_answer(worker, snapshot, now, self.staleness_limit) {
+                WorkerAnswer::Ready(answer) => Some((
+                    worker.name.as_str(),
+                    Sample::new(&answer, self.cluster.view(&worker.name)),
+                )),
+                WorkerAnswer::Unavailable(_) => None,
+            }
+        });
+        self.history
+            .record(at_ms, samples, weight_ms, self.backlog_source);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::clock::WallClock;
+    use super::super::cluster::{ClusterView, NoClusterSource};
+    use super::super::range::HistoryRange;
+    use super::super::store::HistoryData;
+    use super::*;
+    use airflow::rest_api::QueueCounts;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    /// A wall clock the test sets.
+    struct ManualClock(Mutex<SystemTime>);
+
+    impl ManualClock {
+        fn at_ms(ms: u64) -> Arc<ManualClock> {
+            Arc::new(ManualClock(Mutex::new(
+                UNIX_EPOCH + Duration::from_millis(ms),
+            )))
+        }
+        fn advance(&self, d: Duration) {
+            *self.0.lock().unwrap() += d;
+        }
+    }
+
+    impl WallClock for ManualClock {
+        fn now(&self) -> SystemTime {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    struct FixedCluster(ClusterView);
+
+    impl ClusterSource for FixedCluster {
+        fn view(&self, deployment: &str) -> ClusterView {
+            if deployment == "w" {
+                self.0
+            } else {
+                ClusterView::default()
+            }
+        }
+    }
+
+    fn worker() -> WorkerConfig {
+        WorkerConfig {
+            name: "w".into(),
+            queues: vec!["q".into()],
+            sync_slots: 4,
+            min_replicas: 1,
+            max_replicas: 5,
+        }
+    }
+
+    const T0_MS: u64 = 1_800_000_000_000;
+
+    fn setup(cluster: Arc<dyn ClusterSource>) -> (Arc<ManualClock>, Arc<History>, HistoryRecorder) {
+        let clock = ManualClock::at_ms(T0_MS);
+        let history = Arc::new(History::new(
+            clock.clone(),
+            "test".into(),
+            HistoryData::default(),
+        ));
+        let recorder = HistoryRecorder::new(
+            history.clone(),
+            RecorderInputs {
+                workers: vec![worker()],
+                cluster,
+                backlog_source_kind: "postgres",
+                refresh_interval: Duration::from_secs(2),
+                staleness_limit: Duration::from_secs(30),
+            },
+        );
+        (clock, history, recorder)
+    }
+
+    fn snapshot(counts: Option<QueueCounts>, read_at: Instant) -> Snapshot {
+        let mut s = Snapshot::empty(&["q".to_string()]);
+        if let Some(c) = counts {
+            s.record("q", Ok(c), read_at, SystemTime::now());
+        }
+        s
+    }
+
+    #[test]
+    fn each_refresh_stands_for_the_time_since_the_last_capped_at_the_staleness_limit() {
+        let (clock, history, recorder) = setup(Arc::new(NoClusterSource));
+        let now = Instant::now();
+        let busy = Some(QueueCounts {
+            queued: 30,
+            running: 10,
+        });
+        recorder.record_refresh(&snapshot(busy, now), now); // first: one interval, 2 s
+        clock.advance(Duration::from_secs(3));
+        recorder.record_refresh(&snapshot(busy, now), now); // 3 s
+        clock.advance(Duration::from_secs(100));
+        recorder.record_refresh(&snapshot(busy, now), now); // 100 s, capped at 30 s
+        let a = history.answer(&worker(), HistoryRange::OneHour);
+        assert_eq!(a.tiles.at_maximum_seconds, Some(35), "2 + 3 + 30");
+        assert_eq!(a.tiles.peak_wanted, Some(10), "ceil(40 / 4), not held at 5");
+        assert_eq!(a.decisions.len(), 0);
+        assert_eq!(
+            a.missing,
+            vec!["workers", "running", "waiting", "terminating"]
+        );
+    }
+
+    #[test]
+    fn unavailable_data_is_a_gap_never_a_zero() {
+        let (clock, history, recorder) = setup(Arc::new(NoClusterSource));
+        let now = Instant::now();
+        recorder.record_refresh(&snapshot(None, now), now); // not loaded
+        clock.advance(Duration::from_secs(20));
+        let stale_read = now - Duration::from_secs(31);
+        let old = Some(QueueCounts {
+            queued: 1,
+            running: 0,
+        });
+        recorder.record_refresh(&snapshot(old, stale_read), now); // stale
+        let a = history.answer(&worker(), HistoryRange::FifteenMinutes);
+        assert!(a.series.is_empty(), "{:?}", a.series);
+        assert_eq!(a.recording_since, None);
+        assert!(a.findings.is_empty());
+        clock.advance(Duration::from_secs(20));
+        recorder.record_refresh(&snapshot(old, now), now);
+        let a = history.answer(&worker(), HistoryRange::FifteenMinutes);
+        assert_eq!(a.series.len(), 1);
+        assert_eq!(a.series[0].backlog, 1);
+    }
+
+    #[test]
+    fn the_cluster_view_reaches_the_samples_and_decisions() {
+        let view = ClusterView {
+            workers: Some(4),
+            running: Some(3),
+            waiting: Some(1),
+            terminating: Some(0),
+        };
+        let (_clock, history, recorder) = setup(Arc::new(FixedCluster(view)));
+        let now = Instant::now();
+        let counts = Some(QueueCounts {
+            queued: 12,
+            running: 4,
+        });
+        recorder.record_refresh(&snapshot(counts, now), now);
+        let a = history.answer(&worker(), HistoryRange::OneHour);
+        assert!(a.missing.is_empty());
+        assert_eq!(a.series[0].workers, Some(4));
+        assert_eq!(a.series[0].waiting, Some(1));
+        assert_eq!(a.tiles.waiting_for_capacity_seconds, Some(2));
+    }
+}

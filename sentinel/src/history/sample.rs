@@ -1,0 +1,185 @@
+//! One worker's inputs at one refresh, and the states the findings count: running, at its
+//! maximum, waiting for capacity, wanting fewer workers than its minimum.
+
+use super::cluster::ClusterView;
+use crate::worker_view::{wanted_replicas, WorkerBacklog};
+
+/// What the Sentinel saw for one worker at one refresh. Task counts are stored as `u32`
+/// (saturating): a queue with four billion task instances is not a case worth 4 bytes a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// `ceil(backlog / syncSlots)`, not held within min..max.
+    pub wanted: u32,
+    /// What the Sentinel tells KEDA: `wanted` held within min..max.
+    pub desired_replicas: u32,
+    pub cluster: ClusterView,
+    pub backlog: u32,
+    pub queued: u32,
+    pub running_tasks: u32,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    pub sync_slots: u32,
+}
+
+impl Sample {
+    pub fn new(answer: &WorkerBacklog, cluster: ClusterView) -> Sample {
+        Sample {
+            wanted: wanted_replicas(answer.backlog, answer.sync_slots),
+            desired_replicas: answer.desired_replicas,
+            cluster,
+            backlog: saturate(answer.backlog),
+            queued: saturate(answer.queued),
+            running_tasks: saturate(answer.running),
+            min_replicas: answer.min_replicas,
+            max_replicas: answer.max_replicas,
+            sync_slots: answer.sync_slots,
+        }
+    }
+
+    /// The pool is doing something: a worker runs, or (without pod data) workers are set or
+    /// wanted. A pool at 0 with nothing to do is not running.
+    pub fn is_running(&self) -> bool {
+        match self.cluster.running {
+            Some(running) => running > 0,
+            None => self.cluster.workers.unwrap_or(0) > 0 || self.wanted > 0,
+        }
+    }
+
+    /// The count the autoscaler set equals the maximum; without that count, what the Sentinel
+    /// asks for does. A pool whose maximum is 0 is switched off, not held back.
+    pub fn at_maximum(&self) -> bool {
+        let count = self.cluster.workers.unwrap_or(self.desired_replicas);
+        self.max_replicas > 0 && count == self.max_replicas
+    }
+
+    /// Some worker waits for room on the cluster; `None` when nothing reports pending pods.
+    pub fn waiting_for_capacity(&self) -> Option<bool> {
+        self.cluster.waiting.map(|waiting| waiting > 0)
+    }
+
+    /// Running while the backlog calls for fewer workers than the minimum keeps.
+    pub fn below_minimum_while_running(&self) -> bool {
+        self.is_running() && self.wanted < self.min_replicas
+    }
+}
+
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A sample of a 1..5 worker with 4 slots and `backlog` tasks, without cluster data.
+    pub(crate) fn sample(backlog: u32) -> Sample {
+        let (min, max, slots) = (1, 5, 4);
+        let wanted = backlog.div_ceil(slots);
+        Sample {
+            wanted,
+            desired_replicas: wanted.clamp(min, max),
+            cluster: ClusterView::default(),
+            backlog,
+            queued: backlog / 2,
+            running_tasks: backlog - backlog / 2,
+            min_replicas: min,
+            max_replicas: max,
+            sync_slots: slots,
+        }
+    }
+
+    pub(crate) fn with_cluster(mut s: Sample, workers: u32, running: u32, waiting: u32) -> Sample {
+        s.cluster = ClusterView {
+            workers: Some(workers),
+            running: Some(running),
+            waiting: Some(waiting),
+            terminating: Some(0),
+        };
+        s
+    }
+
+    #[test]
+    fn built_from_the_answer_keda_gets() {
+        let answer = WorkerBacklog {
+            worker: "w".into(),
+            queues: vec!["q".into()],
+            queued: 30,
+            running: 10,
+            backlog: 40,
+            sync_slots: 4,
+            desired_replicas: 5,
+            min_replicas: 1,
+            max_replicas: 5,
+            updated_at: String::new(),
+            age_seconds: 0.0,
+        };
+        let s = Sample::new(&answer, ClusterView::default());
+        assert_eq!(
+            (s.wanted, s.desired_replicas),
+            (10, 5),
+            "wanted is not clamped"
+        );
+        assert_eq!((s.queued, s.running_tasks, s.backlog), (30, 10, 40));
+    }
+
+    #[test]
+    fn running_uses_pods_when_known_else_workers_or_wanted() {
+        assert!(
+            !sample(0).is_running(),
+            "idle at its minimum without pod data"
+        );
+        assert!(sample(1).is_running());
+        assert!(
+            !with_cluster(sample(0), 0, 0, 0).is_running(),
+            "at 0, nothing to do"
+        );
+        assert!(
+            with_cluster(sample(0), 1, 1, 0).is_running(),
+            "its minimum runs"
+        );
+        assert!(
+            !with_cluster(sample(8), 2, 0, 2).is_running(),
+            "only pending pods: nothing runs"
+        );
+        let mut only_workers = sample(0);
+        only_workers.cluster.workers = Some(2);
+        assert!(only_workers.is_running());
+    }
+
+    #[test]
+    fn at_maximum_is_the_autoscalers_count_or_else_the_desired_count() {
+        assert!(sample(20).at_maximum(), "desired 5 of max 5");
+        assert!(!sample(16).at_maximum());
+        assert!(
+            !with_cluster(sample(20), 4, 4, 0).at_maximum(),
+            "the autoscaler set 4"
+        );
+        assert!(with_cluster(sample(0), 5, 5, 0).at_maximum());
+        let mut off = sample(0);
+        (off.min_replicas, off.max_replicas, off.desired_replicas) = (0, 0, 0);
+        assert!(!off.at_maximum());
+    }
+
+    #[test]
+    fn waiting_is_unknown_without_pod_data() {
+        assert_eq!(sample(8).waiting_for_capacity(), None);
+        assert_eq!(
+            with_cluster(sample(8), 2, 1, 1).waiting_for_capacity(),
+            Some(true)
+        );
+        assert_eq!(
+            with_cluster(sample(8), 2, 2, 0).waiting_for_capacity(),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn below_minimum_counts_only_while_running() {
+        let mut s = with_cluster(sample(0), 2, 2, 0);
+        s.min_replicas = 2;
+        assert!(s.below_minimum_while_running());
+        s.cluster.running = Some(0);
+        assert!(!s.below_minimum_while_running());
+        assert!(!sample(4).below_minimum_while_running(), "wanted 1 = min 1");
+    }
+}

@@ -1,0 +1,88 @@
+//! The history of every worker, shared by the refresh loop (the one writer, once per refresh)
+//! and the API (readers). The lock is held only to add one refresh or to build one answer.
+
+use super::answer::{history_answer, HistoryAnswer};
+use super::clock::{unix_ms, WallClock};
+use super::decisions::DecisionSource;
+use super::range::HistoryRange;
+use super::sample::Sample;
+use super::worker_history::WorkerHistory;
+use crate::config::WorkerConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What is kept (and saved): each worker's history by worker name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryData {
+    pub workers: BTreeMap<String, WorkerHistory>,
+}
+
+pub struct History {
+    data: Mutex<HistoryData>,
+    clock: Arc<dyn WallClock>,
+    recorded_by: String,
+}
+
+impl History {
+    /// `recorded_by` names this replica in every answer; `data` is what was loaded, if any.
+    pub fn new(clock: Arc<dyn WallClock>, recorded_by: String, data: HistoryData) -> History {
+        History {
+            data: Mutex::new(data),
+            clock,
+            recorded_by,
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        unix_ms(self.clock.now())
+    }
+
+    /// Adds one refresh: a sample for every worker whose data was available, each standing
+    /// for `weight_ms`. Workers left out have a gap here.
+    pub fn record<'a>(
+        &self,
+        at_ms: u64,
+        samples: impl IntoIterator<Item = (&'a str, Sample)>,
+        weight_ms: u32,
+        backlog_source: DecisionSource,
+    ) {
+        let mut data = self.lock();
+        for (worker, sample) in samples {
+            // Looked up before inserting: a name is allocated once per worker, not per refresh.
+            match data.workers.get_mut(worker) {
+                Some(history) => history.record(at_ms, &sample, weight_ms, backlog_source),
+                None => {
+                    let mut history = WorkerHistory::default();
+                    history.record(at_ms, &sample, weight_ms, backlog_source);
+                    data.workers.insert(worker.to_string(), history);
+                }
+            }
+        }
+    }
+
+    /// The answer for `worker` over `range`, ending now.
+    pub fn answer(&self, worker: &WorkerConfig, range: HistoryRange) -> HistoryAnswer {
+        let now_ms = self.now_ms();
+        let data = self.lock();
+        history_answer(
+            worker,
+            data.workers.get(&worker.name),
+            range,
+            now_ms,
+            &self.recorded_by,
+        )
+    }
+
+    /// Runs `f` on the data under the lock (to serialise it for saving).
+    pub fn with_data<R>(&self, f: impl FnOnce(&HistoryData) -> R) -> R {
+        f(&self.lock())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HistoryData> {
+        // A panic while recording leaves at worst one half-added sample: keep serving.
+        self.data
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
