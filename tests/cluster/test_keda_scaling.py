@@ -86,6 +86,16 @@ def _settled(samples, hold: float):
     return out
 
 
+def _history_with(token: str, deployment: str, kind: str) -> dict | None:
+    """The worker's 15-minute history once it holds a finding of ``kind``."""
+    response = requests.get(f"{SENTINEL}/v1/workers/{deployment}/history", params={"range": "15m"},
+                            headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    if response.status_code != 200:
+        return None
+    history = response.json()
+    return history if any(f["kind"] == kind for f in history["findings"]) else None
+
+
 def _parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
@@ -178,6 +188,19 @@ def test_pods_wait_for_room_while_the_others_run_the_backlog(scaling, cluster, a
         reasons = {c.reason for p in waiting for c in p.status.conditions or [] if c.type == "PodScheduled"}
         assert reasons == {"Unschedulable"}, reasons
         assert cluster.deployment(NAMESPACE, BIG).spec.replicas == 4
+
+        # The Sentinel's scaling history saw it from the cluster side: on the 15-minute range a
+        # state is a finding after 15 min x 15 / 1440 = 9.4 s, so the wait becomes one.
+        history = wait_for(lambda: _history_with(scaling["token"], BIG, "waitingForCapacity"), 90,
+                           "the history's waiting-for-room finding")
+        (finding,) = [f for f in history["findings"] if f["kind"] == "waitingForCapacity"]
+        print(f"\nhistory of {BIG} (15m): tiles {history['tiles']}, findings {[f['text'] for f in history['findings']]}")
+        assert finding["text"].startswith("Workers waited for room on the cluster for ")
+        assert history["missing"] == []
+        assert history["tiles"]["waitingForCapacitySeconds"] >= 9
+        assert max(p["waiting"] for p in history["series"] if p["waiting"] is not None) == 2
+        assert max(p["workers"] for p in history["series"] if p["workers"] is not None) == 4
+        assert max(p["running"] for p in history["series"] if p["running"] is not None) == 2
 
         state = airflow.client.wait_run("cluster_capacity", run_id, timeout=300)
         tis = airflow.client.task_instances("cluster_capacity", run_id)
