@@ -5,7 +5,7 @@
 //! for every distinct queue; results land in the [`cache`]; requests ([`server`] → [`api`],
 //! guarded by [`auth`]) compute each worker's answer from the cache ([`worker_view`]) and
 //! never reach Airflow. A worker whose data is missing or older than the staleness limit
-//! answers 503 — never a made-up 0.
+//! answers 503 — never a made-up 0. The page at `/ui/` ([`ui`]) reads that same API.
 
 pub mod airflow_api_source;
 pub mod api;
@@ -21,4 +21,5 @@ pub mod readiness;
 pub mod refresh_loop;
 pub mod settings;
 pub mod shutdown;
+pub mod ui;
 pub mod worker_view;
