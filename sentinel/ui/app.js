@@ -282,7 +282,7 @@
     card.range.textContent = rangeText(w.minReplicas, w.maxReplicas);
     if (w.available) {
       card.now.textContent = `Wanted now: ${plural(w.desiredReplicas, "worker", "workers")} `
-        + `(backlog ${w.backlog} task slots, ${w.syncSlots} per worker)`;
+        + `(backlog ${w.backlog}, ${w.syncSlots} slots per worker)`;
       card.now.classList.remove("problem");
     } else {
       card.now.textContent = `Backlog not available: ${w.error}`;
