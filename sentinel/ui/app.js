@@ -172,7 +172,8 @@
     $("forget-token").hidden = true;
     $("token-problem").textContent = problem;
     $("token-panel").hidden = false;
-    setStatus(problem);
+    setStatus("");
+    // The field is described by the problem: moving the focus there reads it out.
     $("token-input").focus();
   }
 
@@ -213,7 +214,9 @@
     $("workers").hidden = false;
     $("forget-token").hidden = !token.get();
     renderWorkers(r.body.workers);
-    setStatus(`${plural(r.body.workers.length, "worker", "workers")}, updated ${timeOfDay(Date.now())}.`);
+    setStatus("");
+    // Not in the live region: a screen reader is not told the time every refresh.
+    $("updated").textContent = `${plural(r.body.workers.length, "worker", "workers")}, updated ${timeOfDay(Date.now())}`;
     if (options.focusList) $("workers-heading").focus();
     await Promise.all(r.body.workers.map((w) => refreshCurrent(w.worker, seq)));
     if (seq === state.listSeq) updateHistoryNote();
@@ -374,7 +377,7 @@
     dialog.removeAttribute("data-history-status");
     dialog.showModal();
     $("history-range").focus();
-    loadHistory();
+    loadHistory(true);
   }
 
   function closeHistory() {
@@ -388,17 +391,20 @@
     state.historySeq += 1;
     const opener = state.opener;
     state.opener = null;
-    if (opener && opener.isConnected) opener.focus();
+    // Not when the list was hidden meanwhile (a refused token): the token field keeps it.
+    if (opener && opener.checkVisibility()) opener.focus();
   }
 
-  async function loadHistory() {
+  // `announce`: say "Loading…" (a range the user chose), or not (the periodic refresh, which
+  // would otherwise speak up in the live region every 30 s).
+  async function loadHistory(announce) {
     const name = state.dialogWorker;
     if (!name) return;
     const range = $("history-range").value;
     const seq = ++state.historySeq;
     const dialog = $("history");
     dialog.setAttribute("aria-busy", "true");
-    $("history-message").textContent = `Loading ${RANGE_LABELS[range]}…`;
+    if (announce) $("history-message").textContent = `Loading ${RANGE_LABELS[range]}…`;
     const r = await getJson(historyPath(name, range));
     if (seq !== state.historySeq) return; // closed, or another range was chosen meanwhile
     dialog.removeAttribute("aria-busy");
@@ -424,11 +430,12 @@
 
   function renderHistory(h, range) {
     const missing = new Set(h.missing || []);
+    const tiles = h.tiles || {};
     setTile("tile-peak", "Peak wanted",
-      typeof h.tiles.peakWanted === "number" ? plural(h.tiles.peakWanted, "worker", "workers") : "not available");
-    setTile("tile-maximum", "At maximum", duration(h.tiles.atMaximumSeconds));
+      typeof tiles.peakWanted === "number" ? plural(tiles.peakWanted, "worker", "workers") : "not available");
+    setTile("tile-maximum", "At maximum", duration(tiles.atMaximumSeconds));
     setTile("tile-waiting", "Waiting for capacity",
-      missing.has("waiting") ? "not available" : duration(h.tiles.waitingForCapacitySeconds));
+      missing.has("waiting") ? "not available" : duration(tiles.waitingForCapacitySeconds));
 
     renderChart(h, range, missing);
 
@@ -617,13 +624,13 @@
     $("token-form").addEventListener("submit", onTokenSubmit);
     $("forget-token").addEventListener("click", onForgetToken);
     $("history-close").addEventListener("click", closeHistory);
-    $("history-range").addEventListener("change", loadHistory);
+    $("history-range").addEventListener("change", () => loadHistory(true));
     $("history").addEventListener("close", onHistoryClosed);
     refreshWorkers();
     setInterval(() => {
       if (document.hidden || !$("token-panel").hidden) return;
       refreshWorkers();
-      if (state.dialogWorker) loadHistory();
+      if (state.dialogWorker) loadHistory(false);
     }, REFRESH_MS);
   }
 
