@@ -140,6 +140,7 @@
   const state = {
     cards: new Map(), // worker name → { li, ... } built once, updated in place
     workers: new Map(), // worker name → its latest /v1/workers entry
+    cardIds: 0, // element ids of cards, never reused
     listSeq: 0,
     dialogWorker: null,
     opener: null,
@@ -249,15 +250,15 @@
   }
 
   function buildCard(name) {
-    const id = `card-${state.cards.size}`;
+    state.cardIds += 1;
+    const id = `card-${state.cardIds}`;
     const card = {
-      name,
       history: null, // the CARD_RANGE answer: { status, body, error }
       queues: el("p", { class: "queues" }),
       range: el("p", { class: "range" }),
       running: el("span", { class: "seg running" }),
       terminating: el("span", { class: "seg terminating" }),
-      barText: el("p", { class: "bar-text", id: `${id}-bar-text` }),
+      barText: el("p", { class: "bar-text" }),
       now: el("p", { class: "now" }),
       button: el("button", {
         type: "button",
