@@ -553,7 +553,11 @@
     if (since > from && since < to) {
       const sx = fmt(x(since));
       svg.append(svgEl("line", { class: "since", x1: sx, x2: sx, y1: c.top, y2: c.top + plotH }));
-      svg.append(svgEl("text", { class: "since-label", x: sx + 4, y: c.top + 10 }, "recording started"));
+      // Written on the side with room, so that a recent start is not cut off at the edge.
+      const left = sx > c.left + plotW / 2;
+      svg.append(svgEl("text", {
+        class: "since-label", x: left ? sx - 4 : sx + 4, y: c.top + 10, "text-anchor": left ? "end" : "start",
+      }, "recording started"));
     }
 
     for (const line of drawn) {
