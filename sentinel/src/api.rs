@@ -8,6 +8,7 @@
 //! | `GET /metrics`        | no   | Prometheus text format                                     |
 //! | `GET /healthz`        | no   | 200 while the process serves                               |
 //! | `GET /readyz`         | no   | 200 after the first successful refresh, else 503           |
+//! | `GET /ui/…`           | no   | the page ([`crate::ui`]); its own calls to `/v1` need auth |
 //!
 //! Other methods get 405, requests with a body 413; every error body is JSON `{"error": …}`.
 //! KEDA's `metrics-api` scaler sends a bare GET (no `Accept`), so content negotiation is
@@ -20,11 +21,12 @@ use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
+use crate::ui;
 use crate::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{
-    HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, WWW_AUTHENTICATE,
+    HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, IF_NONE_MATCH, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use std::collections::HashMap;
@@ -108,6 +110,7 @@ async fn route<B: hyper::body::Body>(
             "history"
         }
         p if p.starts_with("/v1/workers/") => "worker",
+        p if p == "/ui" || p.starts_with("/ui/") => "ui",
         _ => "other",
     };
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -149,6 +152,11 @@ async fn route<B: hyper::body::Body>(
                 state.staleness_limit,
             );
             respond(StatusCode::OK, PROMETHEUS_TEXT, body.into())
+        }
+        "ui" => {
+            let if_none_match = req.headers().get(IF_NONE_MATCH).map(|v| v.as_bytes());
+            ui::answer(path, if_none_match)
+                .unwrap_or_else(|| error(StatusCode::NOT_FOUND, format!("no such file: {path}")))
         }
         "workers" | "worker" | "history" => {
             let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());

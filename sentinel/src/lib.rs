@@ -6,7 +6,8 @@
 //! guarded by [`auth`]) compute each worker's answer from the cache ([`worker_view`]) and
 //! never reach Airflow. A worker whose data is missing or older than the staleness limit
 //! answers 503 — never a made-up 0. After each refresh the [`history`] records what every
-//! worker would be told, for `GET /v1/workers/{name}/history`.
+//! worker would be told, for `GET /v1/workers/{name}/history`; the page at `/ui/` ([`ui`])
+//! reads that same API.
 
 pub mod airflow_api_source;
 pub mod api;
@@ -24,4 +25,5 @@ pub mod readiness;
 pub mod refresh_loop;
 pub mod settings;
 pub mod shutdown;
+pub mod ui;
 pub mod worker_view;

@@ -54,6 +54,11 @@ pub struct Unavailable {
     /// Each queue's state: which ones have no usable value, and why.
     pub queue_status: Vec<QueueStatus>,
     pub staleness_limit_seconds: f64,
+    /// The worker's configuration, as in the 200 answer: a reader (the page's worker list)
+    /// still knows the pool's range while its backlog is unknown.
+    pub sync_slots: u32,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -152,6 +157,9 @@ pub fn worker_answer(
             queues: worker.queues.clone(),
             queue_status: statuses,
             staleness_limit_seconds: seconds(staleness_limit),
+            sync_slots: worker.sync_slots,
+            min_replicas: worker.min_replicas,
+            max_replicas: worker.max_replicas,
         });
     }
 
@@ -322,6 +330,7 @@ mod tests {
         match worker_answer(&worker(&["a"], 4, 0, 10), &s, now, Duration::from_secs(30)) {
             WorkerAnswer::Unavailable(u) => {
                 assert_eq!(u.reason, NOT_LOADED);
+                assert_eq!((u.sync_slots, u.min_replicas, u.max_replicas), (4, 0, 10));
                 assert_eq!(u.queue_status[0].last_error.as_deref(), Some("HTTP 500"));
             }
             other => panic!("expected unavailable, got {other:?}"),

@@ -58,7 +58,9 @@ impl BacklogSource for SharedSource {
         _queues: &'a [String],
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
         // Not asked: these replicas have no kubernetes section, hence no pod-deletion costs.
-        Box::pin(std::future::ready(Err("not served by this test source".into())))
+        Box::pin(std::future::ready(Err(
+            "not served by this test source".into()
+        )))
     }
 }
 

@@ -9,7 +9,7 @@
 set -euo pipefail
 tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "${1:-}" in
-  tools)   exec bash "$tests/lib/python-venv.sh" tools "$tests/requirements-tools.txt" "$tests/requirements-prometheus.txt" "$tests/requirements-cluster.txt" ;;
+  tools)   exec bash "$tests/lib/python-venv.sh" tools "$tests/requirements-tools.txt" "$tests/requirements-prometheus.txt" "$tests/requirements-cluster.txt" "$tests/requirements-ui.txt" ;;
   airflow) exec bash "$tests/lib/python-venv.sh" airflow "$tests/requirements-airflow.txt" ;;
   *) echo "usage: $0 tools|airflow" >&2; exit 2 ;;
 esac
