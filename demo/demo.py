@@ -245,6 +245,8 @@ def run(args) -> dict:
         log(f"Airflow is up in {stack.timings['total']:.0f}s at {stack.api_base} (user {USERNAME} / {PASSWORD})")
         sentinel = Sentinel(stack.workdir / "sentinel", stack, args).start()
         log(f"astro-sentinel is up: http://127.0.0.1:{sentinel.port}/v1/workers/{DEPLOYMENT}")
+        log(f"its page (scaling history, the numbers below): http://127.0.0.1:{sentinel.port}/ui/ "
+            f"with the token in {sentinel.folder / 'tokens'}")
         stack.client.ensure_runnable(DAG_ID, timeout=args.timeout / 2)
         pool = Pool(stack, args)
         scaler = LocalScaler(ScalerConfig(
