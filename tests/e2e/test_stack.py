@@ -9,6 +9,7 @@ import stat
 import requests
 
 from airflow_client import wait_counts
+from procs import wait_for
 
 MARKER = "astro-e2e marker"
 
@@ -49,9 +50,12 @@ def test_queue_counts_then_python_worker_runs_everything(airflow, trigger_dag, p
     assert {ti["hostname"] for ti in tis} == {"py-smoke"}
     assert client.count("default", ["queued", "running"]) == 0
 
-    # Logs reach the api-server only through the Edge API's logs/push.
-    text = client.task_log_text("e2e_short_40", run_id, "t07")
-    assert f"{MARKER} dag=e2e_short_40 task=t07 run={run_id} try=1 map=-1" in text
+    # Logs reach the api-server only through the Edge API's logs/push, which the Python worker
+    # sends on its own schedule: the state may be `success` before the last chunk has arrived.
+    marker = f"{MARKER} dag=e2e_short_40 task=t07 run={run_id} try=1 map=-1"
+    wait_for(lambda: marker in client.task_log_text("e2e_short_40", run_id, "t07"), 60,
+             "the Python worker's pushed log of t07 to reach the api-server",
+             on_timeout=lambda: client.task_log_text("e2e_short_40", run_id, "t07")[-2000:])
 
     assert worker.stop() == 0
     assert client.edge_worker("py-smoke")["state"] == "offline"
