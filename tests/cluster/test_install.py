@@ -15,7 +15,9 @@ NAMESPACE = "astro-install"
 
 
 def _workers(sync_slots_alpha: int) -> list[dict]:
-    keda = {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 3, "pollingInterval": 2}
+    # A short cooldown: should a trigger read active once, the pool is still back at 0 within the
+    # test's wait (the chart's default is 300 s).
+    keda = {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 3, "pollingInterval": 2, "cooldownPeriod": 5}
     return [
         {"name": "alpha", "queues": ["cluster-install-a"], "syncSlots": sync_slots_alpha, "keda": keda},
         {"name": "beta", "queues": ["cluster-install-b", "cluster-install-c"], "syncSlots": 2, "keda": keda},
@@ -66,7 +68,9 @@ def test_install_upgrade_uninstall(cluster, nodes, keda, airflow, release_factor
                  on_timeout=lambda: str((cluster.scaled_object(NAMESPACE, name).get("status") or {})))
         # KEDA took the Deployment over: its HPA exists and, with no work queued, the pool is at 0.
         wait_for(lambda: cluster.hpa(NAMESPACE, f"keda-hpa-{name}") is not None, 60, f"keda-hpa-{name}")
-        wait_for(lambda: cluster.deployment(NAMESPACE, name).spec.replicas == 0, 120, f"{name} at 0 replicas")
+        wait_for(lambda: cluster.deployment(NAMESPACE, name).spec.replicas == 0, 120, f"{name} at 0 replicas",
+                 on_timeout=lambda: f"ScaledObject status {cluster.scaled_object(NAMESPACE, name).get('status')}; "
+                                    f"HPA status {cluster.hpa(NAMESPACE, f'keda-hpa-{name}').status}")
 
     # Upgrade: a new syncSlots is the ScaledObject's target and the target of the HPA KEDA made.
     values["workers"] = _workers(6)
