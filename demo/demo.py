@@ -141,7 +141,14 @@ class Sentinel:
 
     def worker(self) -> dict | None:
         """The JSON KEDA would read, or None when the Sentinel does not answer 200."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/workers/{DEPLOYMENT}",
+        return self._get(f"/v1/workers/{DEPLOYMENT}")
+
+    def history(self, range_: str) -> dict | None:
+        """The scaling history the page draws, or None when the Sentinel does not answer 200."""
+        return self._get(f"/v1/workers/{DEPLOYMENT}/history?range={range_}")
+
+    def _get(self, path: str) -> dict | None:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
                                      headers={"Authorization": f"Bearer {self.token}"})
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
@@ -220,6 +227,18 @@ def task_states(stack: AirflowStack, run_id: str) -> dict[str, int]:
         key = str(ti["state"])
         states[key] = states.get(key, 0) + 1
     return states
+
+
+def page_numbers(sentinel: Sentinel) -> dict | None:
+    """The peaks of the last hour in the Sentinel's scaling history (what its page draws)."""
+    history = sentinel.history("1h")
+    if history is None:
+        return None
+
+    def peak(key: str) -> int | None:
+        return max((p[key] for p in history["series"] if p[key] is not None), default=None)
+
+    return {"peak_desired": peak("desiredReplicas"), "peak_running": peak("running"), "missing": history["missing"]}
 
 
 def straggler_seconds(args) -> float:
@@ -316,6 +335,17 @@ def run(args) -> dict:
             airflow_start_seconds=round(stack.timings["total"], 1),
         )
         errors = summary["errors"]
+        page = page_numbers(sentinel)
+        summary["page"] = page
+        if page is None:
+            errors.append("the Sentinel's scaling history did not answer")
+        else:
+            log(f"the page's scaling history: peak desired {page['peak_desired']}, peak running "
+                f"{page['peak_running']} (Airflow's online Edge workers); the live view: peak wanted "
+                f"{peak_wanted}, peak workers {pool.peak}")
+            if (page["peak_desired"], page["peak_running"]) != (peak_wanted, pool.peak):
+                errors.append(f"the page's history {page} disagrees with the live view "
+                              f"(peak wanted {peak_wanted}, peak workers {pool.peak})")
         if states.get("success", 0) != args.tasks:
             errors.append(f"{states.get('success', 0)}/{args.tasks} tasks succeeded: {states}")
         if run_state != "success":

@@ -2,13 +2,15 @@
 //!
 //! * [`edge_client`] speaks the Edge Worker API (`/edge_worker/v1/…`) that the edge3
 //!   provider serves: register, heartbeat, fetch jobs, report job states, push logs.
-//! * [`rest_api`] counts task instances per queue and state through the public REST API v2.
+//! * [`rest_api`] counts task instances per queue and state through the public REST API v2,
+//!   and lists the Edge workers ([`edge_worker_list`]).
 //! * [`backoff`] is the one retry policy both use.
 
 pub mod backoff;
 pub mod edge_client;
 pub mod edge_token;
 pub mod edge_types;
+pub mod edge_worker_list;
 pub mod error;
 pub mod rest_api;
 

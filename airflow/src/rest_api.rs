@@ -5,6 +5,7 @@
 //! Authentication is a bearer token, either given as is or obtained from `/auth/token` with a
 //! username and password and obtained again whenever the server answers 401.
 
+use crate::edge_worker_list::ListedEdgeWorker;
 use crate::error::{check_status, send, truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -45,6 +46,7 @@ pub mod call {
     pub const LOGIN: &str = "rest_login";
     pub const COUNT: &str = "rest_count";
     pub const RUNNING: &str = "rest_running";
+    pub const EDGE_WORKERS: &str = "rest_edge_workers";
 }
 
 /// Running task instances listed per request (Airflow's default `maximum_page_limit`).
@@ -72,6 +74,11 @@ struct CountAnswer {
 struct TaskInstancePage {
     task_instances: Vec<ListedTaskInstance>,
     total_entries: u64,
+}
+
+#[derive(Deserialize)]
+struct EdgeWorkerPage {
+    workers: Vec<ListedEdgeWorker>,
 }
 
 #[derive(Deserialize)]
@@ -172,6 +179,17 @@ impl RestApiClient {
                 return Ok(slots);
             }
         }
+    }
+
+    /// Every Edge worker Airflow knows, from the edge3 provider's UI API (one request; it
+    /// needs the `JOBS` view permission that Airflow's Viewer role has).
+    pub async fn edge_workers(&self) -> Result<Vec<ListedEdgeWorker>, ApiError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .expect("an http(s) base URL always has path segments")
+            .extend(["edge_worker", "ui", "worker"]);
+        let page: EdgeWorkerPage = self.get_json(call::EDGE_WORKERS, url).await?;
+        Ok(page.workers)
     }
 
     fn task_instances_url(&self) -> Url {

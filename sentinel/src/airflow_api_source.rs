@@ -11,6 +11,7 @@
 //! the budget runs out count as failed for this refresh.
 
 use crate::backlog_source::{BacklogSource, QueueOutcome};
+use airflow::edge_worker_list::ListedEdgeWorker;
 use airflow::rest_api::{QueueCounts, RestApiClient, RestCredentials};
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
@@ -99,6 +100,17 @@ impl BacklogSource for AirflowApiSource {
                 .running_slots_by_host(queues)
                 .await
                 .map_err(|e| format!("running task instances: {e}"))
+        }
+        .boxed()
+    }
+
+    fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {
+        async move {
+            self.requests.inc();
+            self.client
+                .edge_workers()
+                .await
+                .map_err(|e| format!("Edge workers: {e}"))
         }
         .boxed()
     }

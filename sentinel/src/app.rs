@@ -1,7 +1,6 @@
 //! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth, metrics
 //! and the scaling history. [`start`] returns a handle that stops everything; tests use
-//! [`start_with`] to plug in their own source and listener, and [`start_with_cluster`] to add
-//! what the Kubernetes side knows about the workers.
+//! [`start_with`] to plug in their own source and listener.
 
 use crate::airflow_api_source::AirflowApiSource;
 use crate::api::{handle, AppState};
@@ -12,8 +11,9 @@ use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
 use crate::cluster::{kube_client, DeletionCostLoop, WorkloadWatch};
 use crate::config::{Config, ConfigError};
+use crate::edge_worker_census::EdgeWorkerCensus;
 use crate::history::clock::SystemClock;
-use crate::history::cluster::{ClusterSource, NoClusterSource};
+use crate::history::cluster::ClusterSource;
 use crate::history::instance::instance_name;
 use crate::history::persist;
 use crate::history::recorder::{HistoryRecorder, RecorderInputs};
@@ -105,24 +105,13 @@ pub fn build_source(
     }
 }
 
-/// Starts the Sentinel on `listener` with `source`, without data from the cluster.
+/// Starts the Sentinel on `listener` with `source`. The history learns about the workers' pods
+/// from the Kubernetes API when the configuration has a `kubernetes` section, otherwise from
+/// Airflow's list of Edge workers.
 pub async fn start_with(
     config: Config,
     kubernetes: Option<KubernetesAccess>,
     source: Arc<dyn BacklogSource>,
-    metrics: Arc<Metrics>,
-    listener: TcpListener,
-) -> Result<Running, StartError> {
-    let cluster = Arc::new(NoClusterSource);
-    start_with_cluster(config, kubernetes, source, cluster, metrics, listener).await
-}
-
-/// Starts the Sentinel on `listener` with `source`; the history asks `cluster` about pods.
-pub async fn start_with_cluster(
-    config: Config,
-    kubernetes: Option<KubernetesAccess>,
-    source: Arc<dyn BacklogSource>,
-    cluster: Arc<dyn ClusterSource>,
     metrics: Arc<Metrics>,
     listener: TcpListener,
 ) -> Result<Running, StartError> {
@@ -213,7 +202,7 @@ pub async fn start_with_cluster(
         .map(|w| (w.name.clone(), w.queues.clone()))
         .collect();
     // With a kubernetes section, the watch of the worker Deployments and pods answers for the
-    // history (and feeds the pod-deletion costs); otherwise `cluster` does.
+    // history (and feeds the pod-deletion costs); otherwise Airflow's list of Edge workers.
     let cluster: Arc<dyn ClusterSource> = if let Some(k8s) = &config.kubernetes {
         let access = kubernetes.as_ref().ok_or_else(|| {
             ConfigError::new(
@@ -240,7 +229,13 @@ pub async fn start_with_cluster(
         }
         watch
     } else {
-        cluster
+        let census = Arc::new(EdgeWorkerCensus::new(
+            source.clone(),
+            workers,
+            config.refresh_interval,
+        ));
+        tasks.push(tokio::spawn(census.clone().run(shutdown_rx.clone())));
+        census
     };
 
     let recorder = HistoryRecorder::new(

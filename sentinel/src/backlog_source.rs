@@ -6,6 +6,7 @@
 //! queues at once). The refresh loop calls [`BacklogSource::fetch`] once per interval with
 //! every distinct queue, however many workers share a queue and however often KEDA asks.
 
+use airflow::edge_worker_list::ListedEdgeWorker;
 use airflow::rest_api::QueueCounts;
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
@@ -26,4 +27,13 @@ pub trait BacklogSource: Send + Sync + 'static {
         &'a self,
         queues: &'a [String],
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>>;
+
+    /// Airflow's list of Edge workers (outside Kubernetes, the only count of running
+    /// workers), or a one-line reason.
+    fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {
+        Box::pin(std::future::ready(Err(format!(
+            "the {} source does not list Edge workers",
+            self.kind()
+        ))))
+    }
 }

@@ -17,6 +17,7 @@ pub mod backlog_source;
 pub mod cache;
 pub mod cluster;
 pub mod config;
+pub mod edge_worker_census;
 pub mod history;
 pub mod metrics;
 pub mod postgres_source;

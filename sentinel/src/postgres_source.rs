@@ -1,13 +1,14 @@
 //! Backlog from the Airflow metadata database: one `GROUP BY queue, state` over
 //! `task_instance` per refresh, for all queues at once — the cheap path at scale.
 //!
-//! Give the Sentinel a read-only role (`GRANT SELECT ON task_instance`). The connection is
+//! Give the Sentinel a read-only role (`GRANT SELECT ON task_instance, edge_worker`). The connection is
 //! opened lazily and reopened on the next refresh after any failure; the statement is
 //! prepared once per connection, so each refresh is a single round trip.
 
 use crate::backlog_source::{BacklogSource, QueueOutcome};
 use crate::config::PostgresOptions;
 use crate::postgres_tls::{postgres_tls, PostgresTls};
+use airflow::edge_worker_list::ListedEdgeWorker;
 use airflow::rest_api::QueueCounts;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -15,6 +16,7 @@ use prometheus::IntCounter;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::Mutex;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 /// Counts of the states that make up a backlog, for the given queues only. Queues with no
@@ -29,6 +31,9 @@ const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
      FROM task_instance \
      WHERE state = 'running' AND queue = ANY($1::text[]) AND hostname <> '' \
      GROUP BY hostname";
+
+/// Airflow's Edge workers (the edge3 provider's table; `queues` holds a Python list literal).
+const EDGE_WORKERS_SQL: &str = "SELECT worker_name, state, queues FROM edge_worker";
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A query that takes longer is abandoned and its connection dropped (the next refresh
@@ -47,6 +52,8 @@ struct Connection {
     client: Client,
     statement: Statement,
     running_slots: Statement,
+    /// An error when the edge3 provider's table is missing: only that question fails.
+    edge_workers: Result<Statement, String>,
 }
 
 impl PostgresSource {
@@ -99,11 +106,13 @@ impl PostgresSource {
         };
         let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
         let running_slots = client.prepare(RUNNING_SLOTS_SQL).await.map_err(describe)?;
+        let edge_workers = client.prepare(EDGE_WORKERS_SQL).await.map_err(describe);
         tracing::info!("connected to the Airflow metadata database");
         Ok(Connection {
             client,
             statement,
             running_slots,
+            edge_workers,
         })
     }
 
@@ -111,8 +120,8 @@ impl PostgresSource {
     /// failed or overlong query drops the connection (the next call reconnects).
     async fn query(
         &self,
-        which: fn(&Connection) -> &Statement,
-        queues: &[String],
+        which: fn(&Connection) -> Result<&Statement, String>,
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, String> {
         let mut guard = self.connection.lock().await;
         if guard.as_ref().is_none_or(|c| c.client.is_closed()) {
@@ -120,9 +129,9 @@ impl PostgresSource {
             *guard = Some(self.connect().await?);
         }
         let conn = guard.as_ref().expect("connected above");
+        let statement = which(conn)?;
         self.queries.inc();
-        match tokio::time::timeout(QUERY_TIMEOUT, conn.client.query(which(conn), &[&queues])).await
-        {
+        match tokio::time::timeout(QUERY_TIMEOUT, conn.client.query(statement, params)).await {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => {
                 *guard = None;
@@ -139,7 +148,7 @@ impl PostgresSource {
     }
 
     async fn running_slots(&self, queues: &[String]) -> Result<HashMap<String, u64>, String> {
-        let rows = self.query(|c| &c.running_slots, queues).await?;
+        let rows = self.query(|c| Ok(&c.running_slots), &[&queues]).await?;
         let mut slots = HashMap::new();
         for row in rows {
             let host: String = row.try_get(0).map_err(describe)?;
@@ -149,8 +158,24 @@ impl PostgresSource {
         Ok(slots)
     }
 
+    async fn edge_worker_list(&self) -> Result<Vec<ListedEdgeWorker>, String> {
+        let rows = self
+            .query(|c| c.edge_workers.as_ref().map_err(Clone::clone), &[])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let queues: Option<String> = row.try_get(2).map_err(describe)?;
+                Ok(ListedEdgeWorker {
+                    worker_name: row.try_get(0).map_err(describe)?,
+                    state: row.try_get(1).map_err(describe)?,
+                    queues: queues.as_deref().map(python_str_list).transpose()?,
+                })
+            })
+            .collect()
+    }
+
     async fn counts(&self, queues: &[String]) -> Result<HashMap<String, QueueCounts>, String> {
-        let rows = self.query(|c| &c.statement, queues).await?;
+        let rows = self.query(|c| Ok(&c.statement), &[&queues]).await?;
         let mut counts: HashMap<String, QueueCounts> = HashMap::new();
         for row in rows {
             let queue: String = row.try_get(0).map_err(describe)?;
@@ -180,6 +205,15 @@ impl BacklogSource for PostgresSource {
         self.running_slots(queues).boxed()
     }
 
+    fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {
+        async move {
+            self.edge_worker_list()
+                .await
+                .map_err(|e| format!("Edge workers: {e}"))
+        }
+        .boxed()
+    }
+
     fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {
         async move {
             match self.counts(queues).await {
@@ -193,6 +227,28 @@ impl BacklogSource for PostgresSource {
         }
         .boxed()
     }
+}
+
+/// The provider stores a worker's queues as Python's `str()` of a list of strings
+/// (`['default', 'gpu']`); queue names hold no quotes or commas.
+fn python_str_list(text: &str) -> Result<Vec<String>, String> {
+    let inner = text
+        .trim()
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or_else(|| format!("edge_worker.queues is not a list: {text:?}"))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            item.strip_prefix('\'')
+                .and_then(|i| i.strip_suffix('\''))
+                .or_else(|| item.strip_prefix('"').and_then(|i| i.strip_suffix('"')))
+                .map(str::to_owned)
+                .ok_or_else(|| format!("edge_worker.queues holds a non-string item: {text:?}"))
+        })
+        .collect()
 }
 
 async fn drive<C>(connection: C)
@@ -210,5 +266,23 @@ fn describe(e: tokio_postgres::Error) -> String {
     match e.source() {
         Some(cause) => format!("{e}: {cause}"),
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::python_str_list;
+
+    #[test]
+    fn reads_the_providers_queue_list_literal() {
+        assert_eq!(
+            python_str_list("['default', 'gpu']").unwrap(),
+            vec!["default".to_string(), "gpu".to_string()]
+        );
+        assert_eq!(python_str_list("[]").unwrap(), Vec::<String>::new());
+        assert_eq!(python_str_list("[\"x\"]").unwrap(), vec!["x".to_string()]);
+        let err = python_str_list("default").unwrap_err();
+        assert!(err.contains("edge_worker.queues"), "{err}");
+        assert!(python_str_list("[1, 2]").is_err());
     }
 }

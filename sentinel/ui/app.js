@@ -74,11 +74,12 @@
     return `${min} to ${plural(max, "worker", "workers")}`;
   }
 
-  // Durations as the seed's findings write them: "40 s", "2 min", "2 h 5 min", "3 d 4 h".
+  // Durations as the seed's findings write them: "40 s", "2 min", "2 h 5 min", "3 d 4 h"; a
+  // tile with no time at all reads "Never".
   function duration(seconds) {
     if (seconds === null || seconds === undefined) return "not available";
     const s = Math.round(seconds);
-    if (s <= 0) return "None";
+    if (s <= 0) return "Never";
     if (s < 60) return `${s} s`;
     const m = Math.round(s / 60);
     if (m < 60) return `${m} min`;
@@ -322,7 +323,7 @@
     }
     const missing = new Set(h.body.missing || []);
     if (missing.has("running")) {
-      return unknown("Running workers not available: the Sentinel has no Kubernetes access");
+      return unknown(`Running workers not available: ${runningSourceText(missing)}`);
     }
     const series = h.body.series || [];
     const last = series.length ? series[series.length - 1] : null;
@@ -441,11 +442,8 @@
     renderChart(h, range, missing);
 
     const note = $("missing-note");
-    const names = [...missing].map((m) => MISSING_LABELS[m] || m);
-    note.hidden = names.length === 0;
-    note.textContent = names.length
-      ? `${listText(names)} ${names.length === 1 ? "is" : "are"} not available: the Sentinel has no Kubernetes access, so only Wanted and the range are drawn.`
-      : "";
+    note.hidden = missing.size === 0;
+    note.textContent = missingText(missing);
 
     const findings = $("findings");
     findings.replaceChildren(...(h.findings || []).map((f) =>
@@ -458,6 +456,26 @@
       : `Recorded by ${h.recordedBy}, which has not recorded anything for this worker yet.`;
 
     renderDecisions(h.decisions || []);
+  }
+
+  // Why the running workers are unknown. Without Kubernetes (no Workers line either) they
+  // come from Airflow's list of Edge workers, so that list could not be read.
+  function runningSourceText(missing) {
+    return missing.has("workers")
+      ? "neither Kubernetes (not watched by this Sentinel) nor Airflow's list of Edge workers told them"
+      : "the Sentinel recorded none in this period";
+  }
+
+  // The note under the chart: which lines are not drawn, and where the drawn ones come from.
+  function missingText(missing) {
+    if (!missing.size) return "";
+    const names = [...missing].map((m) => MISSING_LABELS[m] || m);
+    const verb = names.length === 1 ? "is" : "are";
+    if (!missing.has("workers")) return `${listText(names)} ${verb} not recorded in this period.`;
+    const fromAirflow = missing.has("running")
+      ? "Airflow's list of Edge workers could not be read either, so only Wanted and the range are drawn."
+      : "Running and Terminating are Airflow's count of online and stopping Edge workers on the pool's queues.";
+    return `${listText(names)} ${verb} not available: they come from Kubernetes, which this Sentinel does not watch. ${fromAirflow}`;
   }
 
   function listText(items) {
@@ -566,6 +584,7 @@
         svg.append(svgEl("path", { class: `line ${line.cls}`, "data-series": line.key, d }));
       }
     }
+    svg.append(...boundLabels(points, drawn, c, y, fmt));
     if (!points.length) {
       svg.append(svgEl("text", { class: "empty", x: c.left + plotW / 2, y: c.top + plotH / 2, "text-anchor": "middle" },
         "No samples in this period yet"));
@@ -576,6 +595,27 @@
       { class: missing.has(l.key) ? "legend-item absent" : "legend-item", "data-series": l.key },
       el("span", { class: `swatch ${l.cls}`, "aria-hidden": "true" }),
       missing.has(l.key) ? `${l.label} (not available)` : l.label)));
+  }
+
+  // The current min and max written at the right end of their lines: where recording began
+  // late in a long range the lines are short, and a label keeps them findable.
+  function boundLabels(points, drawn, c, y, fmt) {
+    const last = [...points].reverse().find((p) => typeof p.maxReplicas === "number");
+    if (!last) return [];
+    const keys = new Set(drawn.map((l) => l.key));
+    // Above its line, so that a min of 0 stays inside the plot.
+    const at = (v, text) => svgEl("text", {
+      class: "bound-label", x: c.width - c.right - 4, y: fmt(y(v) - 4), "text-anchor": "end",
+    }, text);
+    if (last.minReplicas === last.maxReplicas) {
+      return keys.has("maxReplicas") ? [at(last.maxReplicas, `min = max ${last.maxReplicas}`)] : [];
+    }
+    const labels = [];
+    if (keys.has("maxReplicas")) labels.push(at(last.maxReplicas, `max ${last.maxReplicas}`));
+    if (keys.has("minReplicas") && typeof last.minReplicas === "number") {
+      labels.push(at(last.minReplicas, `min ${last.minReplicas}`));
+    }
+    return labels;
   }
 
   // A step line through the samples that have `key`, broken where a value is missing or the

@@ -28,6 +28,11 @@ command -v unshare >/dev/null && command -v nsenter >/dev/null && command -v ip 
   apt-get update -qq && apt-get install -y -qq --no-install-recommends util-linux iproute2 openssl >/dev/null
 }
 [ "$(id -u)" -eq 0 ] || { echo "the cluster stage needs root (network namespaces, mounts)" >&2; exit 1; }
+# The page is checked in a headless Chromium inside the namespace, where apt cannot reach out.
+command -v chromium >/dev/null && command -v chromedriver >/dev/null || {
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+}
 
 start=$SECONDS
 ASTRO_CLUSTER_BIN="$(bash "$here/build.sh")"

@@ -7,20 +7,30 @@
    (their running tasks finish and are reported, the agent exits 0 inside the grace period), and
    after the cooldown the Deployment is back at 0.
 3. A pool whose workers need more CPU than the nodes have for its maximum: the extra pods stay
-   Pending (unschedulable) while the others run the backlog; nothing is lost.
+   Pending (unschedulable) while the others run the backlog; nothing is lost. The Sentinel's
+   scaling history and its page (in a real headless Chromium, through the Service) say that the
+   workers waited for room on the cluster. With ``ASTRO_CLUSTER_SCREENSHOT=/some/file.png`` the
+   page's screenshot is copied there.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import requests
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
+from chromium import Chromium
 from conftest import chart_values
 from kube import PodRecorder, ReplicaTimeline, condition
 from procs import wait_for
+from sentinel_page import by_id, card, loaded_range, save, sign_in, until
 
 NAMESPACE = "astro-scaling"
 RELEASE = "scaling"
@@ -169,7 +179,38 @@ def test_keda_scales_a_burst_from_zero_to_max_and_back_draining_deleted_pods(sca
     assert busy_at_deletion, "no deleted pod was running a task: the drain was not exercised"
 
 
-def test_pods_wait_for_room_while_the_others_run_the_backlog(scaling, cluster, airflow, nodes):
+def _page_says_workers_waited(token: str, deployment: str, folder: Path) -> None:
+    """The page, through the Service: the worker's 15-minute history shows the wait in its
+    tile and finding, with the Kubernetes lines drawn."""
+    chromium = Chromium(folder / "chromium")
+    try:
+        d = chromium.start()
+        sign_in(d, f"{SENTINEL}/ui/", token)
+        until(d, lambda d: card(d, deployment), f"list {deployment}")
+        card(d, deployment).find_element(By.CSS_SELECTOR, ".history-button").click()
+        until(d, lambda d: loaded_range(d, "1d"), "load the default range")
+        Select(by_id(d, "history-range")).select_by_value("15m")
+        assert until(d, lambda d: loaded_range(d, "15m"), "load the 15-minute range") == 200
+        waiting = by_id(d, "tile-waiting").get_attribute("aria-label")
+        assert waiting.startswith("Waiting for capacity: ") and not waiting.endswith(("Never", "not available")), waiting
+        findings = [li.text for li in by_id(d, "findings").find_elements(By.TAG_NAME, "li")]
+        assert any(f.startswith("Workers waited for room on the cluster for ") for f in findings), findings
+        chart = by_id(d, "chart")
+        for key in ("wanted", "workers", "running"):
+            assert chart.find_elements(By.CSS_SELECTOR, f'path[data-series="{key}"]'), f"{key} not drawn"
+        assert not by_id(d, "missing-note").is_displayed()
+        shot = save(d, folder, "cluster-scaling-history.png")
+        print(f"\npage: {waiting}; findings {findings}; screenshot {shot}")
+        target = os.environ.get("ASTRO_CLUSTER_SCREENSHOT")
+        if target:
+            shutil.copyfile(shot, target)
+    finally:
+        console = chromium.console()
+        chromium.stop()
+        print("browser console:\n  " + "\n  ".join(console))
+
+
+def test_pods_wait_for_room_while_the_others_run_the_backlog(scaling, cluster, airflow, nodes, tmp_path):
     pods = PodRecorder(cluster, NAMESPACE, f"deploymentName={BIG}")
     pods.start()
     try:
@@ -201,6 +242,7 @@ def test_pods_wait_for_room_while_the_others_run_the_backlog(scaling, cluster, a
         assert max(p["waiting"] for p in history["series"] if p["waiting"] is not None) == 2
         assert max(p["workers"] for p in history["series"] if p["workers"] is not None) == 4
         assert max(p["running"] for p in history["series"] if p["running"] is not None) == 2
+        _page_says_workers_waited(scaling["token"], BIG, tmp_path)
 
         state = airflow.client.wait_run("cluster_capacity", run_id, timeout=300)
         tis = airflow.client.task_instances("cluster_capacity", run_id)

@@ -4,7 +4,8 @@ Runs ``bash demo/run.sh --short`` exactly as a newcomer would (it builds what is
 unless ``ASTRO_AGENT_BIN`` / ``ASTRO_SENTINEL_BIN`` point at built binaries, as
 tests/run.sh sets them) and checks its success line, its exit code and its summary:
 every task succeeded, the pool went 0 -> max, down to one worker for the straggler, then to 0,
-and every worker drained and exited 0.
+every worker drained and exited 0, and the Sentinel's scaling history (its page) saw the same
+peaks as the live view.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def test_demo_short_mode_ends_with_its_success_check(tmp_path):
     assert s["task_states"] == {"success": 12}
     assert s["run_state"] == "success"
     assert s["peak_workers"] == 3 and s["peak_wanted"] == 3
+    # The page's numbers are the live view's: the Sentinel's history (Running from Airflow's
+    # list of Edge workers, without Kubernetes) peaked where the pool did.
+    assert s["page"]["peak_desired"] == 3 and s["page"]["peak_running"] == 3, s["page"]
+    assert s["page"]["missing"] == ["workers", "waiting"], s["page"]
     # 0 -> 1 (activation) -> 3, then down while the straggler still runs, to 1, then to 0
     steps = s["replica_steps"]
     assert steps[:3] == [0, 1, 3] and steps[-2:] == [1, 0], steps

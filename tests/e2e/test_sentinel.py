@@ -277,6 +277,12 @@ def start_postgres(stack, timeout: float = 180.0) -> None:
     stack._wait_healthy(timeout, need_scheduler=True)
 
 
+def newest_sample(s: "Sentinel") -> dict:
+    status, body = s.get(f"/v1/workers/{WORKER}/history?range=15m")
+    assert status == 200, body
+    return json.loads(body)["series"][-1]
+
+
 # ---- the test -----------------------------------------------------------------------------
 
 
@@ -296,11 +302,13 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, python_e
     if source == "airflow-api":
         source_config = {"type": "airflow-api", "airflowApi": {"url": airflow.api_base}}
         env = {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"}
-        upstream_per_refresh = 2  # the queued+running and the queued count of the one distinct queue
+        # The queued+running and the queued count of the one distinct queue, and the list of
+        # Edge workers (the history's Running line outside Kubernetes).
+        upstream_per_refresh = 3
     else:
         role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
         airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        airflow.sql(f"GRANT SELECT ON task_instance TO {role}")
+        airflow.sql(f"GRANT SELECT ON task_instance, edge_worker TO {role}")
         cleanup.append(lambda: airflow.sql(f"DROP OWNED BY {role}"))
         cleanup.append(lambda: airflow.sql(f"DROP ROLE {role}"))
         ca = enable_postgres_tls(airflow, tmp_path / "certs")
@@ -308,7 +316,7 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, python_e
         pg = urlparse(airflow.postgres_url)
         source_config = {"type": "postgres", "postgres": {"sslMode": "verify-full", "caFile": str(ca)}}
         env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
-        upstream_per_refresh = 1  # one GROUP BY for all queues
+        upstream_per_refresh = 2  # one GROUP BY for all queues, and the Edge workers
     try:
         run_scenario(source, airflow, client, trigger_dag, python_edge_worker, sentinel_bin, sentinels,
                      tmp_path, source_config, env, upstream_per_refresh)
@@ -386,7 +394,15 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
              on_timeout=lambda: f"observed {observed[-20:]}; {client.counts_by_state(QUEUE)}")
     print(f"{source}: backlog while the worker ran: {sorted(set(observed), reverse=True)}")
     assert client.count(QUEUE, ["queued", "running"]) == 0
+    # Outside Kubernetes the history's Running line is Airflow's count of online Edge workers
+    # on the queue: the one Python worker, then none once it has stopped.
+    wait_for(lambda: newest_sample(s)["running"] == 1, 30, "the history to record 1 running worker",
+             on_timeout=lambda: f"{newest_sample(s)}")
     assert worker.stop() == 0
+    wait_for(lambda: newest_sample(s)["running"] == 0, 30, "the history to record 0 running workers",
+             on_timeout=lambda: f"{newest_sample(s)}")
+    history = json.loads(s.get(f"/v1/workers/{WORKER}/history?range=15m")[1])
+    assert set(history["missing"]) == {"workers", "waiting"}, history["missing"]
     assert s.worker(SHARED)[1]["desiredReplicas"] == 1, "held at minReplicas"
 
     # Upstream cost: a fixed number of reads per refresh, however often we asked.

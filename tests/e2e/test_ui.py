@@ -9,7 +9,7 @@ that reads the real Airflow this session's fixtures start (source ``airflow-api`
 * The history's lines, tiles and findings against the Sentinel's own answer: skipped only
   while ``GET /v1/workers/{name}/history`` answers 404.
 * The page's drawing of a history shaped like the API contract, with the Kubernetes-based
-  series (Workers, Running, Terminating) that this Kubernetes-less Sentinel never records:
+  series (Workers, Waiting for capacity) that this Kubernetes-less Sentinel never records:
   only the history answers are replaced, inside the browser; the Sentinel is untouched.
 
 Screenshots go to a folder under the test's temp folder (printed); with
@@ -32,16 +32,16 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.ui import WebDriverWait
 
 from chromium import Chromium
 from procs import wait_for
+from sentinel_page import by_id, card, enter_token, loaded_range, save, until
+from sentinel_page import sign_in as sign_in_with
 # The Sentinel as test_sentinel.py runs it: same binary fixture, config, token and workers.
 from test_sentinel import DAG, QUEUE, SHARED, TASKS, TOKEN, WORKER, Sentinel, sentinel_bin  # noqa: F401
 
 TOKEN_KEY = "astro-sentinel-token"
 RANGES = ["Last 15 minutes", "Last 1 hour", "Last 6 hours", "Last 1 day", "Last 7 days", "Last 14 days"]
-WAIT = 20  # seconds for anything the page does after an event
 
 
 # ---- fixtures -----------------------------------------------------------------------------
@@ -90,35 +90,12 @@ def page_url(sentinel: Sentinel) -> str:
 # ---- page helpers -------------------------------------------------------------------------
 
 
-def until(driver, condition, what: str, timeout: float = WAIT):
-    """WebDriverWait with a message that says what the page did not do."""
-    return WebDriverWait(driver, timeout).until(condition, message=f"the page did not {what}")
-
-
-def by_id(driver, element_id: str) -> WebElement:
-    return driver.find_element(By.ID, element_id)
-
-
 def label_of(driver, control: WebElement) -> str:
     return driver.execute_script("return arguments[0].labels[0].textContent.trim()", control)
 
 
-def card(driver, worker: str) -> WebElement:
-    return driver.find_element(By.CSS_SELECTOR, f'li.card[data-worker="{worker}"]')
-
-
-def enter_token(driver, token: str) -> None:
-    """Types the token where the page put the focus and presses Enter, as a person would."""
-    until(driver, lambda d: by_id(d, "token-panel").is_displayed(), "ask for a token")
-    active = driver.switch_to.active_element
-    assert active.get_attribute("id") == "token-input", "the token field does not have the focus"
-    active.send_keys(token + Keys.ENTER)
-
-
 def sign_in(driver, sentinel: Sentinel) -> None:
-    driver.get(page_url(sentinel))
-    enter_token(driver, TOKEN)
-    until(driver, lambda d: by_id(d, "workers").is_displayed(), "show the worker list")
+    sign_in_with(driver, page_url(sentinel), TOKEN)
 
 
 def tab_to(driver, accessible_name: str, limit: int = 30) -> WebElement:
@@ -134,24 +111,10 @@ def tab_to(driver, accessible_name: str, limit: int = 30) -> WebElement:
     raise AssertionError(f"{accessible_name!r} not reached with {limit} Tabs; focus went to {seen}")
 
 
-def loaded_range(driver, wanted: str):
-    """The history dialog once the answer for ``wanted`` is on screen (its status), else False."""
-    dialog = by_id(driver, "history")
-    if dialog.get_attribute("data-loaded-range") != wanted:
-        return False
-    return int(dialog.get_attribute("data-history-status"))
-
-
 def focus_ring(driver, element: WebElement) -> tuple[str, float]:
     style, width = driver.execute_script(
         "const s = getComputedStyle(arguments[0]); return [s.outlineStyle, parseFloat(s.outlineWidth)]", element)
     return style, width
-
-
-def save(driver, folder: Path, name: str) -> Path:
-    path = folder / name
-    assert driver.save_screenshot(str(path)), f"no screenshot {path}"
-    return path
 
 
 def publish(history_png: Path, workers_png: Path) -> None:
@@ -225,15 +188,13 @@ def test_worker_list_and_scaling_history_by_keyboard(sentinel, browser, screensh
     title = bar.get_attribute("title")
     assert bar.get_attribute("role") == "img" and bar.get_attribute("aria-label") == f"Current workers: {title}"
     assert title.endswith("10 max"), title
-    # This Sentinel has no Kubernetes access, so the running count is unknown: said, not drawn as 0.
-    if sentinel.get(f"/v1/workers/{WORKER}/history?range=15m")[0] == 404:
-        until(d, lambda d: by_id(d, "history-note").is_displayed(), "say that history is not available")
-        assert "Scaling history is not available" in by_id(d, "history-note").text
-        assert title.startswith("Running workers not known: this Sentinel has no scaling history"), title
-    else:
-        assert title.startswith("Running workers not available: the Sentinel has no Kubernetes access"), title
-    assert "unknown" in bar.get_attribute("class").split()
-    assert bar.find_element(By.CSS_SELECTOR, ".seg.running").size["width"] == 0
+    # Without Kubernetes the running and stopping workers are Airflow's own count of Edge
+    # workers on the pool's queues: the bar shows the Sentinel's newest sample of them.
+    code, body = sentinel.get(f"/v1/workers/{WORKER}/history?range=15m")
+    assert code == 200, body
+    newest = json.loads(body)["series"][-1]
+    assert title == f"{newest['running']} running, {newest['terminating']} terminating, 10 max", (title, newest)
+    assert "unknown" not in bar.get_attribute("class").split()
     # The token stays for the tab: a reload shows the list without asking again.
     assert d.execute_script(f"return sessionStorage.getItem('{TOKEN_KEY}')") == TOKEN
     d.refresh()
@@ -324,15 +285,23 @@ def test_scaling_history_lines_tiles_and_findings(sentinel, browser):
     if any(p["wanted"] is not None for p in api["series"]):
         wanted = chart.find_element(By.CSS_SELECTOR, 'path[data-series="wanted"]')
         assert wanted.get_attribute("d").startswith("M")
+    # No Kubernetes: Workers and Waiting are missing, said under the chart and not drawn as 0;
+    # Running comes from Airflow's list of Edge workers and is drawn.
+    assert {"workers", "waiting"} <= missing and "running" not in missing, missing
+    note = by_id(d, "missing-note").text
+    assert "come from Kubernetes, which this Sentinel does not watch" in note, note
+    assert "Airflow's count of online and stopping Edge workers" in note, note
     for key, label in (("workers", "Workers"), ("running", "Running")):
         drawn = chart.find_elements(By.CSS_SELECTOR, f'path[data-series="{key}"]')
         legend = d.find_element(By.CSS_SELECTOR, f'#chart-legend li[data-series="{key}"]').text
         if key in missing:
             assert not drawn, f"{key} is missing but drawn"
             assert legend == f"{label} (not available)"
-            assert "Kubernetes access" in by_id(d, "missing-note").text
         else:
-            assert legend == label
+            assert drawn and legend == label, (key, legend)
+    # The bounds are labelled at the right end of their lines.
+    labels = [t.get_attribute("textContent") for t in chart.find_elements(By.CSS_SELECTOR, "text.bound-label")]
+    assert labels == ["max 10", "min 0"], labels
     rows = by_id(d, "decisions").find_elements(By.CSS_SELECTOR, "tbody tr")
     counts = {max(1, min(len(a["decisions"]), 500)) for a in (api, newer)}
     assert len(rows) in counts, (len(rows), counts)
@@ -413,9 +382,11 @@ def test_page_draws_a_contract_shaped_history_with_kubernetes_data(sentinel, bro
     wanted_x = float(wanted_path.split()[0][1:])
     assert running_x > wanted_x, "Running is drawn where it has no value"
     assert "Running: from 1 to 4" in chart.find_element(By.TAG_NAME, "desc").get_attribute("textContent")
+    labels = [t.get_attribute("textContent") for t in chart.find_elements(By.CSS_SELECTOR, "text.bound-label")]
+    assert labels == ["max 5", "min 1"], labels
     assert by_id(d, "tile-peak").get_attribute("aria-label") == "Peak wanted: 5 workers"
     assert by_id(d, "tile-maximum").get_attribute("aria-label") == "At maximum: 2 min"
-    assert by_id(d, "tile-waiting").get_attribute("aria-label") == "Waiting for capacity: None"
+    assert by_id(d, "tile-waiting").get_attribute("aria-label") == "Waiting for capacity: Never"
     assert [li.text for li in by_id(d, "findings").find_elements(By.TAG_NAME, "li")] == [
         "Ran at its maximum of 5 workers for 2 min."]
     assert not by_id(d, "missing-note").is_displayed()

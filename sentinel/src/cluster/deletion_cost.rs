@@ -5,7 +5,8 @@
 //! for up to its grace period while the idle one stays.
 //!
 //! Only Ready pods are annotated (the controller deletes unready ones first anyway), and only
-//! when the value changes: at rest this writes nothing. A pod without the annotation counts
+//! when the value changes: at rest this writes nothing, and with no Ready worker pod it does not
+//! ask Airflow either. A pod without the annotation counts
 //! as 0, so an idle pod that never ran a task is not patched at all. The worker pods need no
 //! API token for this; the Sentinel patches them (RBAC: `patch` on pods in the namespace).
 
@@ -43,19 +44,22 @@ impl DeletionCostLoop {
         };
         let mut failing = false;
         loop {
-            match self.source.running_slots_by_host(&queues).await {
-                Ok(slots) => {
-                    if failing {
-                        tracing::info!("running task slots by worker readable again");
-                        failing = false;
+            // No Ready worker pod, nothing to annotate: a pool at rest costs Airflow nothing.
+            if self.any_running_pod() {
+                match self.source.running_slots_by_host(&queues).await {
+                    Ok(slots) => {
+                        if failing {
+                            tracing::info!("running task slots by worker readable again");
+                            failing = false;
+                        }
+                        self.annotate(&slots).await;
                     }
-                    self.annotate(&slots).await;
-                }
-                Err(e) => {
-                    // Costs stay as they were: a stale hint is better than marking busy pods idle.
-                    if !failing {
-                        tracing::warn!(error = %e, "cannot read running task slots by worker; pod deletion costs left as they are");
-                        failing = true;
+                    Err(e) => {
+                        // Costs stay as they were: a stale hint is better than marking busy pods idle.
+                        if !failing {
+                            tracing::warn!(error = %e, "cannot read running task slots by worker; pod deletion costs left as they are");
+                            failing = true;
+                        }
                     }
                 }
             }
@@ -64,6 +68,12 @@ impl DeletionCostLoop {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+
+    fn any_running_pod(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|(deployment, _)| !self.watch.running_pods(deployment).is_empty())
     }
 
     async fn annotate(&self, slots: &HashMap<String, u64>) {

@@ -1,9 +1,10 @@
 //! What the Kubernetes side knows about a worker Deployment: how many workers the autoscaler
 //! set, how many run, how many wait for room on the cluster and how many are on their way out.
 //!
-//! The history asks a [`ClusterSource`] once per refresh for every worker. Until a Kubernetes
-//! watcher is plugged in, [`NoClusterSource`] answers "unknown" for every line, and the history
-//! reports those lines as missing instead of drawing them at 0.
+//! The history asks a [`ClusterSource`] once per refresh for every worker: the watch of the
+//! Deployments and pods (`crate::cluster`) inside Kubernetes, Airflow's list of Edge workers
+//! (`crate::edge_worker_census`) outside. A line a source cannot tell is `None`, and the history
+//! reports it as missing instead of drawing it at 0; [`NoClusterSource`] knows no line.
 
 use serde::{Deserialize, Serialize};
 
