@@ -243,6 +243,7 @@ pub async fn start_with_cluster(
         cluster
     };
 
+    metrics.follow_cluster(cluster.clone());
     let recorder = HistoryRecorder::new(
         history.clone(),
         RecorderInputs {
