@@ -38,8 +38,8 @@ def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release_f
         "terminationGracePeriodSeconds": 90, "drainMarginSeconds": 10,
         "hpa": {
             "enabled": True, "minReplicaCount": 1, "maxReplicaCount": 3,
-            # Up fast, down after a short window: the chart's defaults (one pod a minute up,
-            # 300 s down) would make the run several minutes longer.
+            # Up fast, down after a short window: the chart's 300 s scale-down window and
+            # 2 pods a minute would make the run several minutes longer.
             "behavior": {
                 "scaleUp": {"stabilizationWindowSeconds": 0,
                             "policies": [{"type": "Pods", "value": 4, "periodSeconds": 15}]},
