@@ -13,7 +13,6 @@ these alerts must not need the workers' series, which vanish with a pool's last 
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,12 +61,12 @@ def _rules(values: dict, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pools(cluster, nodes, keda, airflow, release_factory):
+def pools(cluster, nodes, keda, airflow, release_factory, tmp_path_factory):
     """The release (zero paused at 0, big at 0) and a Prometheus scraping its Sentinel only."""
     release = release_factory(RELEASE, NAMESPACE)
     values = _values(airflow, paused=True)
     release.install(values)
-    folder = Path(tempfile.mkdtemp(prefix="astro-cluster-alerts-"))
+    folder = tmp_path_factory.mktemp("pool-alerts")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(_rules(values, folder))],
