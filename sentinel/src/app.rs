@@ -238,6 +238,7 @@ pub async fn start_with(
         census
     };
 
+    metrics.follow_cluster(cluster.clone());
     let recorder = HistoryRecorder::new(
         history.clone(),
         RecorderInputs {

@@ -24,6 +24,7 @@ pub mod postgres_source;
 pub mod postgres_tls;
 pub mod readiness;
 pub mod refresh_loop;
+pub mod replica_metrics;
 pub mod settings;
 pub mod shutdown;
 pub mod ui;

@@ -6,12 +6,14 @@
 
 use crate::cache::Snapshot;
 use crate::config::WorkerConfig;
+use crate::history::cluster::ClusterSource;
+use crate::replica_metrics::ReplicaGauges;
 use crate::worker_view::{worker_answer, WorkerAnswer};
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct Metrics {
@@ -29,6 +31,7 @@ pub struct Metrics {
     worker_backlog: IntGaugeVec,
     worker_desired_replicas: IntGaugeVec,
     worker_available: IntGaugeVec,
+    worker_replicas: ReplicaGauges,
     /// Serialises scrapes: the gauges are reset and refilled for each one.
     scrape: Mutex<()>,
 }
@@ -159,6 +162,7 @@ impl Metrics {
                 "1 when the worker's backlog is fresh and served, 0 when it answers 503.",
                 &["worker"],
             ),
+            worker_replicas: ReplicaGauges::register(&r),
             registry: r,
             scrape: Mutex::new(()),
         }
@@ -166,6 +170,11 @@ impl Metrics {
 
     pub fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
+    }
+
+    /// Exports each worker's replicas and pods as `cluster` sees them from now on.
+    pub fn follow_cluster(&self, cluster: Arc<dyn ClusterSource>) {
+        self.worker_replicas.follow(cluster);
     }
 
     /// The text exposition of every metric, with gauges computed from `snapshot` at `now`.
@@ -212,6 +221,7 @@ impl Metrics {
                 }
             }
         }
+        self.worker_replicas.fill(workers);
         let mut out = Vec::with_capacity(16 * 1024);
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

@@ -31,9 +31,18 @@ SEED_METRICS_QUERY = (
     '(<<.Series>>{state=~"queued|running", <<.LabelMatchers>>}))'
 )
 SEED_SERIES_QUERY = '{__name__="astro_agent_client_queue_stats",container!="POD",namespace!="",pod!=""}'
+# Fast up, slow down: the HPA path's default behavior.
 SEED_HPA_BEHAVIOR = {
-    "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
-    "scaleDown": {"stabilizationWindowSeconds": 300},
+    "scaleUp": {
+        "stabilizationWindowSeconds": 0,
+        "selectPolicy": "Max",
+        "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}, {"type": "Pods", "value": 4, "periodSeconds": 15}],
+    },
+    "scaleDown": {
+        "stabilizationWindowSeconds": 300,
+        "selectPolicy": "Max",
+        "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
+    },
 }
 SENTINEL_PORT = 39092
 AGENT_PORT = 39091
@@ -645,6 +654,67 @@ def test_hpa_target_defaults_to_sync_slots(chart):
     h = r.get("HorizontalPodAutoscaler", "prod-worker-api-calls")
     assert h["spec"]["metrics"][0]["object"]["target"]["averageValue"] == "10"
     assert h["spec"]["behavior"] == SEED_HPA_BEHAVIOR
+
+
+def seconds_to_scale_up(scale_up: dict, start: int, target: int, sync_period: int = 15) -> int:
+    """When an HPA whose recommendation jumps from `start` to `target` replicas reaches it, with
+    the HPA controller's scale-up limit (pkg/controller/podautoscaler, calculateScaleUpLimitWithScalingRules):
+    each policy allows, from the replicas at the start of its period (the current count minus what
+    was added within the last periodSeconds), +value Pods or ceil(replicas x (1 + value/100)); the
+    selectPolicy picks the largest (Max) or smallest (Min). A recommendation is acted on at each
+    sync; a stabilization window on scale-up only delays it further, so it must be 0 here."""
+    assert scale_up.get("stabilizationWindowSeconds", 0) == 0
+    pick = min if scale_up.get("selectPolicy", "Max") == "Min" else max
+    replicas, added, now = start, [], 0  # added: (time, pods)
+    while replicas < target:
+        assert now <= 3600, "no scale-up within an hour"
+        limits = []
+        for p in scale_up["policies"]:
+            in_period = sum(n for t, n in added if t > now - p["periodSeconds"])
+            period_start = replicas - in_period
+            if p["type"] == "Pods":
+                limits.append(period_start + p["value"])
+            else:
+                limits.append(math.ceil(period_start * (1 + p["value"] / 100)))
+        new = min(target, max(replicas, pick(limits)))
+        if new > replicas:
+            added.append((now, new - replicas))
+            replicas = new
+            if replicas == target:
+                return now
+        now += sync_period
+    return now
+
+
+def test_hpa_default_behavior_scales_up_fast_and_down_slowly(chart):
+    """1 -> 10 within a minute (the previous default, one Pod per 60 s, took 8 minutes), and
+    scale-in only after 300 s without a higher recommendation, then 2 Pods a minute."""
+    r = chart.render(scenario("hpa"))
+    (h, *_) = r.all("HorizontalPodAutoscaler")
+    behavior = h["spec"]["behavior"]
+    assert behavior == SEED_HPA_BEHAVIOR
+    assert seconds_to_scale_up(behavior["scaleUp"], 1, 10) < 60
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 300
+    # The check itself tells a slow policy from a fast one.
+    one_a_minute = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}
+    assert seconds_to_scale_up(one_a_minute, 1, 10) == 8 * 60  # nine one-Pod steps, a minute apart
+
+
+def test_hpa_behavior_override_replaces_the_default_policies(chart):
+    slow = [{"type": "Pods", "value": 1, "periodSeconds": 60}]
+    r = chart.render(scenario("hpa"), sets=[
+        "workerDefaults.hpa.behavior.scaleUp.policies[0].type=Pods",
+        "workerDefaults.hpa.behavior.scaleUp.policies[0].value=1",
+        "workerDefaults.hpa.behavior.scaleUp.policies[0].periodSeconds=60",
+        "workerDefaults.hpa.behavior.scaleDown.stabilizationWindowSeconds=30",
+    ])
+    for h in r.all("HorizontalPodAutoscaler"):
+        behavior = h["spec"]["behavior"]
+        assert behavior["scaleUp"]["policies"] == slow  # the list is replaced, not appended to
+        assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 30
+        # What the user did not set keeps its default.
+        assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
+        assert behavior["scaleDown"]["policies"] == SEED_HPA_BEHAVIOR["scaleDown"]["policies"]
 
 
 def _check_seed_rule(rules):

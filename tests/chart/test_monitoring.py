@@ -29,6 +29,7 @@ DASHBOARD_FILE = CHART / "files" / "dashboards" / "astro-agent-worker.json"
 
 ON = ["monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true"]
 SENTINEL_GROUP = "astro-sentinel"
+SHIPPED_RULE_COUNT = 9
 
 
 def shipped_rules():
@@ -140,10 +141,50 @@ def test_rendered_rules_pass_promtool_and_the_unit_tests(chart, tmp_path):
     shutil.copy(RULES_TEST_FILE, tmp_path / "prometheus-rules.test.yaml")
     check = prometheus_server.promtool("check", "rules", "prometheus-rules.yaml", cwd=tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 5 rules found" in check.stdout, check.stdout
+    assert f"SUCCESS: {SHIPPED_RULE_COUNT} rules found" in check.stdout, check.stdout
     test = prometheus_server.promtool("test", "rules", "prometheus-rules.test.yaml", cwd=tmp_path)
     assert test.returncode == 0, test.stdout + test.stderr
     assert "SUCCESS" in test.stdout
+
+
+THRESHOLDS = [
+    "monitoring.prometheusRule.thresholds.sentinelUnavailableFor=7m",
+    "monitoring.prometheusRule.thresholds.poolStuckAtZeroFor=90s",
+    "monitoring.prometheusRule.thresholds.queuedTooLongSeconds=1800",
+    "monitoring.prometheusRule.thresholds.poolAtMaximumFor=1h",
+    "monitoring.prometheusRule.thresholds.podsUnschedulableFor=20m",
+]
+
+
+def test_thresholds_rewrite_the_for_durations_and_the_queued_age_limit(chart, tmp_path):
+    (rule,) = chart.render(scenario("keda-static"), sets=ON + THRESHOLDS).all("PrometheusRule")
+    rendered = {x["alert"]: x for g in rule["spec"]["groups"] for x in g["rules"]}
+    shipped = {x["alert"]: x for g in shipped_rules()["groups"] for x in g["rules"]}
+    want_for = {
+        "AstroSentinelDown": "7m", "AstroSentinelDataStale": "7m", "AstroAgentPoolStuckAtZero": "90s",
+        "AstroAgentPoolAtMaximum": "1h", "AstroAgentPodsUnschedulable": "20m",
+    }
+    for name, x in rendered.items():
+        assert x.get("for") == want_for.get(name, shipped[name].get("for")), name
+        if name == "AstroAgentTasksQueuedTooLong":
+            assert x["expr"] == "astro_sentinel_worker_oldest_queued_age_seconds > 1800"
+            assert shipped[name]["expr"] == "astro_sentinel_worker_oldest_queued_age_seconds > 600"
+        else:
+            assert x["expr"] == shipped[name]["expr"], name
+        assert x["annotations"] == shipped[name]["annotations"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    check = prometheus_server.promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_thresholds_refuse_what_prometheus_would_not_parse(chart):
+    base = scenario("keda-static")
+    err = chart.render_error(base, sets=ON + ["monitoring.prometheusRule.thresholds.poolStuckAtZeroFor=5 minutes"])
+    assert "/monitoring/prometheusRule/thresholds/poolStuckAtZeroFor" in err
+    err = chart.render_error(base, sets=ON + ["monitoring.prometheusRule.thresholds.queuedTooLongSeconds=0"])
+    assert "/monitoring/prometheusRule/thresholds/queuedTooLongSeconds" in err
+    err = chart.render_error(base, sets=ON + ["monitoring.prometheusRule.thresholds.poolAtZeroFor=5m"])
+    assert "poolAtZeroFor" in err
 
 
 def test_rules_file_names_the_metrics_the_agent_and_sentinel_export():
@@ -152,7 +193,18 @@ def test_rules_file_names_the_metrics_the_agent_and_sentinel_export():
     assert names == {
         "astro_agent_client_queue_stats", "astro_agent_slots", "astro_agent_heartbeat_age_seconds",
         "astro_agent_tasks_finished_total", "astro_sentinel_worker_available",
+        "astro_sentinel_worker_backlog", "astro_sentinel_worker_replicas",
+        "astro_sentinel_worker_max_replicas", "astro_sentinel_worker_pods",
+        "astro_sentinel_worker_oldest_queued_age_seconds",
     }
+    # The pool alerts read no agent series: those vanish when the pool is at zero.
+    pool_alerts = ("AstroAgentPoolStuckAtZero", "AstroAgentTasksQueuedTooLong", "AstroAgentPoolAtMaximum",
+                   "AstroAgentPodsUnschedulable")
+    (sentinel_group,) = [g for g in shipped_rules()["groups"] if g["name"] == SENTINEL_GROUP]
+    for r in sentinel_group["rules"]:
+        if r["alert"] in pool_alerts:
+            assert "astro_agent_" not in r["expr"], r["alert"]
+    assert {r["alert"] for r in sentinel_group["rules"]} >= set(pool_alerts)
     # The backlog is de-duplicated across Pods the way the prometheus-adapter rule does it.
     (backlog,) = [r for g in shipped_rules()["groups"] for r in g["rules"] if r["alert"] == "AstroAgentBacklogAboveCapacity"]
     assert "max by (namespace, job, queue, state) (astro_agent_client_queue_stats" in backlog["expr"]

@@ -5,6 +5,8 @@ rule; the real HPA controller scales the Deployment 1 → N → 1 on a burst."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from conftest import WORK, BIN, chart_values
@@ -38,8 +40,8 @@ def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release_f
         "terminationGracePeriodSeconds": 90, "drainMarginSeconds": 10,
         "hpa": {
             "enabled": True, "minReplicaCount": 1, "maxReplicaCount": 3,
-            # Up fast, down after a short window: the chart's defaults (one pod a minute up,
-            # 300 s down) would make the run several minutes longer.
+            # Up fast, down after a short window: the chart's 300 s scale-down window and
+            # 2 pods a minute would make the run several minutes longer.
             "behavior": {
                 "scaleUp": {"stabilizationWindowSeconds": 0,
                             "policies": [{"type": "Pods", "value": 4, "periodSeconds": 15}]},
@@ -90,4 +92,54 @@ def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release_f
     for story in pods.snapshot().values():
         if story.deletion_requested_at is not None:
             assert story.exit_code == 0, f"{story.name} exited {story.exit_code} on scale-down"
+    release.uninstall()
+
+
+def test_default_behavior_takes_the_pool_from_1_to_10_within_a_minute(cluster, nodes, airflow, release_factory,
+                                                                       metrics_stack):
+    """The chart's default hpa.behavior.scaleUp, run by the real HPA controller: once the metric
+    asks for 10 workers, the Deployment gets there in under a minute (the previous default, one
+    pod per 60 s, needed 8 minutes)."""
+    release = release_factory("hpa", NAMESPACE)
+    values = chart_values(airflow)
+    values["sentinel"] = {"enabled": False}
+    values["workers"] = [{
+        "name": "hpa", "queues": ["cluster-hpa-fast"], "syncSlots": 1,
+        # Ten pods on the stage's two 2-CPU nodes.
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "hpa": {"enabled": True, "minReplicaCount": 1, "maxReplicaCount": 10},
+    }]
+    release.install(values)
+    (hpa,) = [d for d in release.manifest() if d["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["behavior"]["scaleUp"]["policies"] == [
+        {"type": "Percent", "value": 100, "periodSeconds": 15}, {"type": "Pods", "value": 4, "periodSeconds": 15}]
+    wait_for(lambda: (cluster.deployment(NAMESPACE, DEPLOYMENT).status.ready_replicas or 0) == 1, 120,
+             "the HPA pool's first worker Ready")
+
+    def metric_value() -> float | None:
+        return metrics_stack.custom_metric(NAMESPACE, DEPLOYMENT, METRIC)
+
+    wait_for(lambda: metric_value() == 0, 120, "the adapter to serve the pool's metric at 0")
+
+    def replicas() -> int:
+        return cluster.deployment(NAMESPACE, DEPLOYMENT).spec.replicas
+
+    airflow.client.ensure_runnable("cluster_hpa_fast")
+    run_id = airflow.client.trigger("cluster_hpa_fast")
+    triggered = time.monotonic()
+    asked = wait_for(lambda: (metric_value() or 0) >= 10 and time.monotonic(), 180,
+                     "the metric to ask for 10 workers")
+    steps = [1]
+
+    def at_ten():
+        n = replicas()
+        if n != steps[-1]:
+            steps.append(n)
+        return n == 10 and time.monotonic()
+
+    reached = wait_for(at_ten, 180, "the HPA to scale the pool to 10", on_timeout=lambda: str(steps))
+    print(f"\n1 -> 10 with the default scale-up: metric >= 10 after {asked - triggered:.1f} s, "
+          f"10 replicas {reached - asked:.1f} s later; steps {steps}")
+    assert reached - asked < 60, steps
+    assert airflow.client.wait_run("cluster_hpa_fast", run_id, timeout=400) == "success"
     release.uninstall()

@@ -424,6 +424,9 @@ def test_promtool_check_metrics_reports_nothing_for_agent_and_sentinel(scenario)
     bodies["sentinel"] = scenario.sentinel.metrics()
     assert "astro_agent_client_queue_stats{" in bodies[f"agent {agent.name}"]
     assert "astro_sentinel_worker_available{" in bodies["sentinel"]
+    # The pool alerts' bounds (the replica and pod gauges need a kubernetes section: absent here).
+    assert 'astro_sentinel_worker_max_replicas{worker="astro-worker-prom-a"} 2' in bodies["sentinel"]
+    assert "astro_sentinel_worker_replicas{" not in bodies["sentinel"]
     for what, body in bodies.items():
         proc = promtool("check", "metrics", stdin=body)
         assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", (
@@ -436,7 +439,7 @@ def test_promtool_check_metrics_reports_nothing_for_agent_and_sentinel(scenario)
 def test_alert_rules_pass_promtool_check_and_unit_tests():
     check = promtool("check", "rules", str(RULES_FILE))
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 5 rules found" in check.stdout
+    assert "SUCCESS: 9 rules found" in check.stdout
     test = promtool("test", "rules", RULES_TEST_FILE.name, cwd=RULES_TEST_FILE.parent)
     assert test.returncode == 0, test.stdout + test.stderr
     assert "SUCCESS" in test.stdout

@@ -1,0 +1,154 @@
+"""The pool alerts on the real control plane: a real Prometheus scrapes the real Sentinel (through
+its Service, as the chart's ServiceMonitor would) and evaluates the chart's alerting rules, as
+helm renders them into the PrometheusRule with short `thresholds`. Only the Sentinel is scraped:
+these alerts must not need the workers' series, which vanish with a pool's last pod.
+
+1. At zero: a KEDA pool held at 0 by `autoscaling.keda.sh/paused-replicas: "0"` (KEDA not
+   acting) gets tasks. AstroAgentPoolStuckAtZero fires; once the pause is lifted, KEDA wakes the
+   pool, the alert resolves and the tasks run.
+2. No room: a pool whose pods need 1.5 CPUs (one per 2-CPU node) is driven to its maximum of 4;
+   two pods stay unschedulable and AstroAgentPodsUnschedulable fires for it, with their count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import chart_values
+from hpa_stack import render_chart
+from procs import wait_for
+from prometheus_server import PrometheusServer
+
+NAMESPACE = "astro-alerts"
+RELEASE = "alerts"
+ZERO = "astro-worker-zero"
+BIG = "astro-worker-big"
+SENTINEL_TARGET = f"astro-sentinel.{NAMESPACE}.svc:39092"
+THRESHOLD = "10s"
+PAUSED = {"autoscaling.keda.sh/paused-replicas": "0"}
+
+
+def _values(airflow, paused: bool) -> dict:
+    keda = {"enabled": True, "minReplicaCount": 0, "pollingInterval": 2, "cooldownPeriod": 20}
+    values = chart_values(airflow)
+    values["workers"] = [
+        {"name": "zero", "queues": ["cluster-at-zero"], "syncSlots": 2,
+         "keda": {**keda, "maxReplicaCount": 2, "annotations": PAUSED if paused else {}}},
+        {"name": "big", "queues": ["cluster-alerts-big"], "syncSlots": 3,
+         "resources": {"requests": {"cpu": "1500m", "memory": "512Mi"}},
+         "keda": {**keda, "maxReplicaCount": 4}},
+    ]
+    return values
+
+
+def _rules(values: dict, folder: Path) -> Path:
+    """The PrometheusRule the chart renders for `values` with short thresholds, as a rules file."""
+    values_file = folder / "values.json"
+    values_file.write_text(json.dumps(values))
+    docs = render_chart(RELEASE, NAMESPACE, [values_file], sets=[
+        "monitoring.prometheusRule.enabled=true",
+        f"monitoring.prometheusRule.thresholds.poolStuckAtZeroFor={THRESHOLD}",
+        f"monitoring.prometheusRule.thresholds.podsUnschedulableFor={THRESHOLD}",
+    ])
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    path = folder / "rules.json"
+    path.write_text(json.dumps({"groups": rule["spec"]["groups"]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pools(cluster, nodes, keda, airflow, release_factory, tmp_path_factory):
+    """The release (zero paused at 0, big at 0) and a Prometheus scraping its Sentinel only."""
+    release = release_factory(RELEASE, NAMESPACE)
+    values = _values(airflow, paused=True)
+    release.install(values)
+    folder = tmp_path_factory.mktemp("pool-alerts")
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(_rules(values, folder))],
+        "scrape_configs": [{
+            "job_name": "astro-sentinel",
+            "static_configs": [{"targets": [SENTINEL_TARGET], "labels": {"namespace": NAMESPACE}}],
+        }],
+    }
+    with PrometheusServer(config, folder=folder / "prometheus") as prom:
+        for worker in (ZERO, BIG):
+            wait_for(lambda: _value(prom, f'astro_sentinel_worker_replicas{{worker="{worker}"}}') == 0, 180,
+                     f"the Sentinel to export {worker} at 0 replicas",
+                     on_timeout=lambda: json.dumps(prom.targets())[:2000])
+        yield release, prom
+
+
+def _value(prom: PrometheusServer, expr: str) -> float | None:
+    found = prom.query(expr)
+    return float(found[0]["value"][1]) if found else None
+
+
+def _firing(prom: PrometheusServer, alert: str, worker: str) -> list[dict]:
+    return prom.query(f'ALERTS{{alertname="{alert}",alertstate="firing",worker="{worker}"}}')
+
+
+def test_pool_stuck_at_zero_fires_from_the_sentinel_alone(cluster, airflow, pools):
+    release, prom = pools
+    assert not _firing(prom, "AstroAgentPoolStuckAtZero", ZERO), "no backlog yet: the alert must be silent"
+
+    dag = "cluster_at_zero"
+    airflow.client.ensure_runnable(dag)
+    run_id = airflow.client.trigger(dag)
+    triggered = time.monotonic()
+    wait_for(lambda: (_value(prom, f'astro_sentinel_worker_backlog{{worker="{ZERO}"}}') or 0) > 0, 120,
+             "the Sentinel to see the queued tasks")
+    (alert,) = wait_for(lambda: _firing(prom, "AstroAgentPoolStuckAtZero", ZERO), 120,
+                        "AstroAgentPoolStuckAtZero to fire",
+                        on_timeout=lambda: json.dumps(prom.rule_groups())[:4000])
+    fired = time.monotonic()
+    assert alert["metric"]["severity"] == "critical"
+    assert alert["metric"]["namespace"] == NAMESPACE
+    assert cluster.deployment(NAMESPACE, ZERO).spec.replicas == 0
+
+    # KEDA acts again: the pool wakes, the alert resolves, the tasks run.
+    release.upgrade(_values(airflow, paused=False))
+    unpaused = time.monotonic()
+    wait_for(lambda: (_value(prom, f'astro_sentinel_worker_replicas{{worker="{ZERO}"}}') or 0) >= 1, 120,
+             "KEDA to wake the pool")
+    wait_for(lambda: not _firing(prom, "AstroAgentPoolStuckAtZero", ZERO), 60, "AstroAgentPoolStuckAtZero to resolve")
+    print(f"\nAstroAgentPoolStuckAtZero (for: {THRESHOLD}) fired {fired - triggered:.1f} s after the trigger; "
+          f"resolved {time.monotonic() - unpaused:.1f} s after the pause was lifted")
+    assert airflow.client.wait_run(dag, run_id, timeout=300) == "success"
+
+
+def test_pods_unschedulable_fires_with_their_count(cluster, airflow, pools):
+    _, prom = pools
+    assert not _firing(prom, "AstroAgentPodsUnschedulable", BIG)
+
+    dag = "cluster_alerts_capacity"
+    airflow.client.ensure_runnable(dag)
+    run_id = airflow.client.trigger(dag)
+    (alert,) = wait_for(lambda: _firing(prom, "AstroAgentPodsUnschedulable", BIG), 240,
+                        "AstroAgentPodsUnschedulable to fire",
+                        on_timeout=lambda: json.dumps(prom.rule_groups())[:4000])
+    assert alert["metric"]["state"] == "waiting"
+    # The Sentinel's count is the scheduler's: pods whose PodScheduled is False/Unschedulable.
+    def unschedulable() -> int:
+        pods = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"deploymentName={BIG}").items
+        return sum(1 for p in pods if p.metadata.deletion_timestamp is None and any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in p.status.conditions or []))
+
+    def both() -> tuple[float, int] | None:
+        seen = _value(prom, f'astro_sentinel_worker_pods{{worker="{BIG}",state="waiting"}}'), unschedulable()
+        return seen if seen[0] == seen[1] else None
+
+    waiting, _ = wait_for(both, 30, "the Sentinel's waiting count to equal the API's unschedulable pods",
+                          on_timeout=lambda: str((_value(prom, f'astro_sentinel_worker_pods{{worker="{BIG}"}}'),
+                                                  unschedulable())))
+    print(f"\nAstroAgentPodsUnschedulable fired for {BIG}: {waiting:.0f} pods waiting, "
+          f"{cluster.deployment(NAMESPACE, BIG).spec.replicas} replicas")
+    assert waiting >= 1
+    assert airflow.client.wait_run(dag, run_id, timeout=300) == "success"
+    wait_for(lambda: not _firing(prom, "AstroAgentPodsUnschedulable", BIG), 180,
+             "AstroAgentPodsUnschedulable to resolve once the pool has scaled in")
