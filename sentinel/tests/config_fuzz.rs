@@ -250,6 +250,9 @@ fn parses_or_explains(text: &str) -> Result<(), TestCaseError> {
 }
 
 proptest! {
+    // Failures become named tests, not files beside the sources.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
     #[test]
     fn fuzz_arbitrary_text_never_panics(text in any::<String>()) {
         parses_or_explains(&text)?;
