@@ -2,7 +2,9 @@
 # The project's test command (the README's second command; CI runs it via .ci/run).
 #
 # Installs what is missing, then runs, stopping at the first failure:
-#   rust   cargo fmt --check, clippy -D warnings, unit + in-process tests, release build
+#   rust   cargo fmt --check, clippy -D warnings, unit + in-process tests, a bounded fuzzing
+#          run (the property tests that feed the parsers arbitrary input, with more cases),
+#          release build
 #   chart  the Helm chart against a real helm (built from the Go module proxy) and the
 #          Kubernetes / KEDA / prometheus-operator schemas
 #   e2e    the agent and the Sentinel against a real Airflow 3 on PostgreSQL, Prometheus
@@ -54,6 +56,11 @@ if want rust; then
   cargo clippy --workspace --all-targets --release -- -D warnings
   step "cargo test"
   cargo test --workspace --release
+  # The Sentinel's config parser, the Edge API answer decoder and the launcher's frames get
+  # arbitrary input: 256 cases per property above, this many here (10-25 s in all on
+  # 2 cores). A failure prints the minimal input; it becomes a named test.
+  step "fuzz (property tests, PROPTEST_CASES=${ASTRO_FUZZ_CASES:-50000})"
+  PROPTEST_CASES="${ASTRO_FUZZ_CASES:-50000}" cargo test --workspace --release fuzz_
   step "cargo build --release"
   cargo build --workspace --release
 else

@@ -11,6 +11,7 @@
 //! announces each one, and the agent waits for it from then on, so a spare that exits unused
 //! (its launcher died) does not stay a zombie.
 
+use crate::launcher_frame::{read_message, write_message};
 use crate::reaper::Reaper;
 use airflow::backoff::Backoff;
 use nix::sys::signal::Signal;
@@ -23,7 +24,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{oneshot, watch, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -266,28 +267,6 @@ impl PreforkLauncher {
         self.reaper
             .signal(self.pid.load(Ordering::Acquire), Signal::SIGKILL);
     }
-}
-
-async fn write_message(stdin: &mut ChildStdin, message: &Value) -> std::io::Result<()> {
-    let body = serde_json::to_vec(message)?;
-    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(&body);
-    stdin.write_all(&frame).await?;
-    stdin.flush().await
-}
-
-async fn read_message(stdout: &mut ChildStdout) -> std::io::Result<Value> {
-    let mut header = [0u8; 4];
-    stdout.read_exact(&mut header).await?;
-    let len = u32::from_be_bytes(header) as usize;
-    if len > 1024 * 1024 {
-        return Err(std::io::Error::other(format!(
-            "a {len}-byte message is out of protocol"
-        )));
-    }
-    let mut body = vec![0u8; len];
-    stdout.read_exact(&mut body).await?;
-    serde_json::from_slice(&body).map_err(std::io::Error::other)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use crate::edge_types::{
     EdgeJob, FetchBody, HeartbeatAnswer, JobState, JobStateBody, PushLogsBody, RegisterAnswer,
     TaskKey, WorkerStateBody,
 };
-use crate::error::{check_status, send, truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::error::{check_status, malformed, send, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -188,17 +188,25 @@ impl EdgeClient {
             request = request.json(body);
         }
         let (status, text) = send(name, request).await?;
-        check_status(name, status, &text)?;
-        let text = if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
-            "null"
-        } else {
-            text.as_str()
-        };
-        serde_json::from_str(text).map_err(|e| ApiError::Malformed {
-            call: name,
-            reason: format!("{e}; body: {}", truncate_body(text)),
-        })
+        decode_answer(name, status, &text)
     }
+}
+
+/// The api-server's answer to `call` as `T`: a non-success status, or a body that is not a
+/// `T`, is an [`ApiError`] whose text stays short whatever the body holds. An empty body reads
+/// as JSON `null` (e.g. `Option<EdgeJob>` when no job waits).
+pub fn decode_answer<T: DeserializeOwned>(
+    call: &'static str,
+    status: StatusCode,
+    text: &str,
+) -> Result<T, ApiError> {
+    check_status(call, status, text)?;
+    let text = if status == StatusCode::NO_CONTENT || text.trim().is_empty() {
+        "null"
+    } else {
+        text
+    };
+    serde_json::from_str(text).map_err(|e| malformed(call, &e, text))
 }
 
 /// The segments that name one try of one task instance: `{dag}/{task}/{run}/{try}/{map}`.

@@ -75,6 +75,19 @@ pub(crate) fn check_status(
     })
 }
 
+/// A 2xx body that is not what `call` expects. The parser's message is cut like the body: it
+/// quotes what it could not read, which may be a string of any size.
+pub(crate) fn malformed(call: &'static str, error: &serde_json::Error, body: &str) -> ApiError {
+    ApiError::Malformed {
+        call,
+        reason: format!(
+            "{}; body: {}",
+            truncate_body(&error.to_string()),
+            truncate_body(body)
+        ),
+    }
+}
+
 /// Body texts in errors are cut so that one misbehaving server cannot flood the log.
 pub(crate) fn truncate_body(body: &str) -> String {
     const MAX: usize = 300;

@@ -6,7 +6,7 @@
 //! username and password and obtained again whenever the server answers 401.
 
 use crate::edge_worker_list::ListedEdgeWorker;
-use crate::error::{check_status, send, truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::error::{check_status, malformed, send, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use serde::Deserialize;
 use std::collections::HashMap;
 use tokio::sync::Mutex;
@@ -222,10 +222,7 @@ impl RestApiClient {
                 continue;
             }
             check_status(call, status, &text)?;
-            return serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
-                call,
-                reason: format!("{e}; body: {}", truncate_body(&text)),
-            });
+            return serde_json::from_str(&text).map_err(|e| malformed(call, &e, &text));
         }
     }
 
@@ -263,7 +260,13 @@ impl RestApiClient {
         check_status(call::LOGIN, status, &text)?;
         let answer: TokenAnswer = serde_json::from_str(&text).map_err(|e| ApiError::Malformed {
             call: call::LOGIN,
-            reason: format!("{e} (token answer not shown)"),
+            // Not even the parser's message: it may quote the token.
+            reason: format!(
+                "not a token answer ({:?} error at line {} column {}; the answer is not shown)",
+                e.classify(),
+                e.line(),
+                e.column()
+            ),
         })?;
         Ok(answer.access_token)
     }

@@ -2,6 +2,7 @@
 assertions on the contracts the rest of the system depends on (see the design's Chart contracts)."""
 
 import base64
+import json
 import math
 import os
 import re
@@ -235,6 +236,7 @@ def test_worker_pod_spec(chart, name):
         for path in ("/tmp", w["logFolder"]):
             assert "emptyDir" in volumes[mounts[path]], path
         assert env["ASTRO_AGENT_LOG_FOLDER"]["value"] == w["logFolder"]
+        assert env["ASTRO_AGENT_LOG_FORMAT"]["value"] == w["logFormat"]
         for extra in w["extraVolumeMounts"]:
             assert mounts[extra["mountPath"]] == extra["name"]
         for extra in w["extraVolumes"]:
@@ -307,6 +309,32 @@ def test_worker_entry_false_overrides_a_true_default(chart):
     assert r.get("ScaledObject", "prod-worker-batch")["spec"]["minReplicaCount"] == 0
     assert r.get("ScaledObject", "prod-worker-default")["spec"]["minReplicaCount"] == 1
     assert r.get("ScaledObject", "prod-worker-default")["spec"]["pollingInterval"] == 10
+
+
+def test_logs_are_json_by_default_and_text_per_worker_or_for_the_sentinel(chart, tmp_path):
+    r = chart.render(scenario("keda-static"))
+    worker = env_of(container(r.get("Deployment", "astro-worker-default-worker"), "agent"))
+    sentinel = env_of(container(r.get("Deployment", "astro-sentinel"), "sentinel"))
+    assert worker["ASTRO_AGENT_LOG_FORMAT"] == {"name": "ASTRO_AGENT_LOG_FORMAT", "value": "json"}
+    assert sentinel["ASTRO_SENTINEL_LOG_FORMAT"] == {"name": "ASTRO_SENTINEL_LOG_FORMAT", "value": "json"}
+
+    # One worker of two reads its logs as text; the other keeps workerDefaults'.
+    values = load_values("keda-static")
+    values["workers"] = [dict(values["workers"][0], name="people", logFormat="text"),
+                         dict(values["workers"][0], name="pipeline")]
+    values["sentinel"]["logFormat"] = "text"
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    r = chart.render(tmp_path / "values.yaml")
+    formats = {d["metadata"]["name"]: env_of(container(d, "agent"))["ASTRO_AGENT_LOG_FORMAT"]["value"]
+               for d in r.all("Deployment") if d["metadata"]["name"] != "astro-sentinel"}
+    assert formats == {"astro-worker-people": "text", "astro-worker-pipeline": "json"}
+    sentinel = env_of(container(r.get("Deployment", "astro-sentinel"), "sentinel"))
+    assert sentinel["ASTRO_SENTINEL_LOG_FORMAT"]["value"] == "text"
+
+    # Only what the binaries accept (`--log-format text|json`).
+    for key in ("workerDefaults.logFormat", "workers[0].logFormat", "sentinel.logFormat"):
+        err = chart.render_error(scenario("keda-static"), sets=[f"{key}=xml"])
+        assert "logFormat" in err and "text" in err and "json" in err, err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -959,6 +987,10 @@ def test_real_sentinel_accepts_the_rendered_config(chart, name, tmp_path):
     }
     if values["sentinel"]["source"]["type"] == "airflow-api":
         env.pop("ASTRO_SENTINEL_POSTGRES_URL")
+    # The log format the chart sets (json by default): the binary takes it and every line is JSON.
+    rendered_env = env_of(container(chart.render(scenario(name)).get("Deployment", f"{values['resourceNamePrefix']}-sentinel"), "sentinel"))
+    log_format = rendered_env["ASTRO_SENTINEL_LOG_FORMAT"]["value"]
+    env["ASTRO_SENTINEL_LOG_FORMAT"] = log_format
     proc = subprocess.Popen(
         [binary, "--config", str(tmp_path / "config.yaml"), "--listen", "127.0.0.1:0"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -976,6 +1008,9 @@ def test_real_sentinel_accepts_the_rendered_config(chart, name, tmp_path):
                 break
             out += chunk
         assert b"listening" in out, f"exit={proc.poll()}:\n{out.decode(errors='replace')}"
+        if log_format == "json":
+            lines = out.decode().split("\n")[:-1]  # after the last newline: a line cut short
+            assert lines and all(json.loads(line)["message"] for line in lines), out.decode()
     finally:
         proc.terminate()
         try:

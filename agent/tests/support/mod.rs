@@ -345,6 +345,16 @@ pub struct Agent {
 
 /// Starts the real binary against `fake` with `extra` flags.
 pub async fn start_agent(fake: &FakeAirflow, dir: &Path, extra: &[&str]) -> Agent {
+    start_agent_with_env(fake, dir, extra, &[]).await
+}
+
+/// [`start_agent`], with `env` set last (over the defaults).
+pub async fn start_agent_with_env(
+    fake: &FakeAirflow,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Agent {
     let port = free_port();
     let metrics_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let stderr_path = dir.join(format!("agent-{port}.log"));
@@ -370,6 +380,7 @@ pub async fn start_agent(fake: &FakeAirflow, dir: &Path, extra: &[&str]) -> Agen
         .env("ASTRO_AGENT_LAUNCH_MODE", "fresh")
         .env("ASTRO_AGENT_JWT_SECRET", SECRET)
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .kill_on_drop(true);
