@@ -6,7 +6,7 @@
 use crate::airflow_api_source::AirflowApiSource;
 use crate::api::{handle, AppState};
 use crate::auth::static_tokens::StaticTokens;
-use crate::auth::token_review::TokenReviewer;
+use crate::auth::token_review::{ReviewCounters, TokenReviewer};
 use crate::auth::Authenticator;
 use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
@@ -157,7 +157,10 @@ pub async fn start_with_cluster(
                     &tr.allowed_usernames,
                     &tr.audiences,
                     tr.cache_ttl,
-                    metrics.token_reviews.clone(),
+                    ReviewCounters {
+                        outcomes: metrics.token_reviews.clone(),
+                        skipped: metrics.token_reviews_skipped.clone(),
+                    },
                 )
                 .map_err(ConfigError::new)?,
             ),
