@@ -10,7 +10,7 @@ use crate::auth::token_review::{ReviewCounters, TokenReviewer};
 use crate::auth::Authenticator;
 use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
-use crate::cluster::{kube_client, DeletionCostLoop, WorkloadWatch};
+use crate::cluster::{kube_client, review_client, DeletionCostLoop, WorkloadWatch};
 use crate::config::{Config, ConfigError};
 use crate::history::clock::SystemClock;
 use crate::history::cluster::{ClusterSource, NoClusterSource};
@@ -151,19 +151,16 @@ pub async fn start_with_cluster(
             }
         };
         let token_review = match (&config.auth.token_review, &kubernetes) {
-            (Some(tr), Some(access)) => Some(
-                TokenReviewer::new(
-                    access,
-                    &tr.allowed_usernames,
-                    &tr.audiences,
-                    tr.cache_ttl,
-                    ReviewCounters {
-                        outcomes: metrics.token_reviews.clone(),
-                        skipped: metrics.token_reviews_skipped.clone(),
-                    },
-                )
-                .map_err(ConfigError::new)?,
-            ),
+            (Some(tr), Some(access)) => Some(TokenReviewer::new(
+                review_client(access).map_err(ConfigError::new)?,
+                &tr.allowed_usernames,
+                &tr.audiences,
+                tr.cache_ttl,
+                ReviewCounters {
+                    outcomes: metrics.token_reviews.clone(),
+                    skipped: metrics.token_reviews_skipped.clone(),
+                },
+            )),
             (Some(_), None) => {
                 return Err(StartError::Config(ConfigError::new(
                     "--kubernetes-api-url: auth.tokenReview needs access to the Kubernetes API",
@@ -223,7 +220,7 @@ pub async fn start_with_cluster(
                 "--kubernetes-api-url: the kubernetes section needs access to the Kubernetes API",
             )
         })?;
-        let client = kube_client(access, &k8s.namespace).map_err(ConfigError::new)?;
+        let client = kube_client(access).map_err(ConfigError::new)?;
         let watch = Arc::new(WorkloadWatch::start(
             client.clone(),
             &k8s.namespace,

@@ -235,7 +235,7 @@ async fn signals_stop_cleanly_and_tokens_never_reach_the_logs() {
     let kube = fake_kube.start().await;
     let dir = TempDir::new("bin-run");
     let tokens = dir.file("tokens", "static-token-SECRET-1\n");
-    let own = dir.file("own-token", "own-sa-token-SECRET-3\n");
+    let own = dir.file("own-token", "own-sa-token-SECRET-3");
     let config = dir.file(
         "c.yaml",
         &format!(

@@ -40,7 +40,7 @@ async fn setup(ttl: &str) -> Setup {
     let dir = TempDir::new("flood");
     let access = KubernetesAccess {
         api_url: url::Url::parse(&format!("http://{}", kube.addr)).unwrap(),
-        token_file: dir.file("token", "sentinel-own-sa-token\n"),
+        token_file: dir.file("token", "sentinel-own-sa-token"),
         ca_file: dir.0.join("no-ca-needed-for-http"),
     };
     let yaml = format!(

@@ -157,7 +157,7 @@ async fn token_review_over_https_trusts_the_configured_ca_only() {
     let (kube_addr, kube_task) = serve_tls(fake.clone(), &crt, &key).await;
     let (airflow, airflow_server) = fake_airflow().await;
     airflow.set("q", 4, 0);
-    let token_file = dir.file("own-token", "own-token\n");
+    let token_file = dir.file("own-token", "own-token");
     let yaml = "refreshInterval: 100ms\nauth:\n  tokenReview: {allowedUsernames: [\"system:serviceaccount:keda:k\"]}\nworkers:\n  - {name: w, queues: [q]}\n";
 
     for (ca, expected) in [(&cluster_ca, 200), (&other_ca, 503)] {

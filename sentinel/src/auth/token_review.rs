@@ -1,11 +1,11 @@
 //! Kubernetes TokenReview for KEDA's bound service-account tokens.
 //!
-//! The presented token is POSTed to `/apis/authentication.k8s.io/v1/tokenreviews` with the
-//! Sentinel's own service-account token, which is re-read for every review because the kubelet
-//! rotates it. With `audiences` configured the review asks for them (KEDA >= 2.21 mints its
-//! tokens for the audience mapped in `KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`), so a token minted
-//! for another service — or for the API server itself — does not pass; without, the API
-//! server checks its own audience (KEDA in `legacy` token mode, or before 2.21).
+//! The presented token is sent in a TokenReview through the Sentinel's Kubernetes client
+//! ([`crate::cluster::review_client`]), as its own service account. With `audiences`
+//! configured the review asks for them (KEDA >= 2.21 mints its tokens for the audience mapped
+//! in `KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`), so a token minted for another service — or for
+//! the API server itself — does not pass; without, the API server checks its own audience
+//! (KEDA in `legacy` token mode, or before 2.21).
 //! Only `status.authenticated == true` with `status.user.username` in the allow-list passes,
 //! and, when audiences were asked for, `status.audiences` must name one of them: an API server
 //! that ignored the audiences would answer without, and its "authenticated" proves nothing.
@@ -26,16 +26,16 @@
 
 use super::jwt_shape::is_jwt_shaped;
 use super::static_tokens::{hash, TokenHash};
-use crate::settings::KubernetesAccess;
 use governor::clock::Clock;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+use kube::Api;
 use moka::future::Cache;
 use prometheus::IntCounterVec;
-use serde::Deserialize;
 use std::collections::HashSet;
 use std::num::NonZeroU32;
 use std::time::Duration;
-use url::Url;
 
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bounds the verdict cache (a flood of random tokens cannot grow memory).
@@ -79,9 +79,7 @@ pub struct ReviewCounters {
 }
 
 pub struct TokenReviewer {
-    http: reqwest::Client,
-    url: Url,
-    token_file: std::path::PathBuf,
+    api: Api<TokenReview>,
     allowed: HashSet<String>,
     audiences: Vec<String>,
     verdicts: Cache<TokenHash, Verdict>,
@@ -91,71 +89,16 @@ pub struct TokenReviewer {
     counters: ReviewCounters,
 }
 
-#[derive(Deserialize)]
-struct Review {
-    #[serde(default)]
-    status: ReviewStatus,
-}
-
-#[derive(Deserialize, Default)]
-struct ReviewStatus {
-    #[serde(default)]
-    authenticated: bool,
-    #[serde(default)]
-    user: ReviewUser,
-    #[serde(default)]
-    error: String,
-    #[serde(default)]
-    audiences: Vec<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct ReviewUser {
-    #[serde(default)]
-    username: String,
-}
-
 impl TokenReviewer {
     pub fn new(
-        access: &KubernetesAccess,
+        client: kube::Client,
         allowed_usernames: &[String],
         audiences: &[String],
         ttl: Duration,
         counters: ReviewCounters,
-    ) -> Result<Self, String> {
-        let mut builder = reqwest::Client::builder()
-            .timeout(REVIEW_TIMEOUT)
-            .connect_timeout(REVIEW_TIMEOUT)
-            .user_agent(concat!("astro-sentinel/", env!("CARGO_PKG_VERSION")));
-        if access.api_url.scheme() == "https" {
-            let pem = std::fs::read(&access.ca_file)
-                .map_err(|e| format!("--kubernetes-ca-file {}: {e}", access.ca_file.display()))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| format!("--kubernetes-ca-file {}: {e}", access.ca_file.display()))?;
-            if certs.is_empty() {
-                return Err(format!(
-                    "--kubernetes-ca-file {}: no certificate in the file",
-                    access.ca_file.display()
-                ));
-            }
-            // Trust the cluster CA only, not the public roots.
-            builder = builder.tls_built_in_root_certs(false);
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        let http = builder
-            .build()
-            .map_err(|e| format!("cannot build the Kubernetes API client: {e}"))?;
-        let mut url = access.api_url.clone();
-        url.path_segments_mut()
-            .map_err(|_| format!("--kubernetes-api-url {}: not a base URL", access.api_url))?
-            .pop_if_empty()
-            .extend(["apis", "authentication.k8s.io", "v1", "tokenreviews"]);
-        Ok(TokenReviewer {
-            http,
-            url,
-            token_file: access.token_file.clone(),
+    ) -> Self {
+        TokenReviewer {
+            api: Api::all(client),
             allowed: allowed_usernames.iter().cloned().collect(),
             audiences: audiences.to_vec(),
             verdicts: Cache::builder()
@@ -171,7 +114,7 @@ impl TokenReviewer {
                     .allow_burst(NonZeroU32::new(REVIEW_BURST).expect("not zero")),
             ),
             counters,
-        })
+        }
     }
 
     /// The verdict on `token`: from the cache when a fresh one is there, else from one review
@@ -224,71 +167,51 @@ impl TokenReviewer {
     }
 
     async fn ask(&self, token: &str) -> Result<Verdict, String> {
-        let own_token = std::fs::read_to_string(&self.token_file).map_err(|e| {
-            format!(
-                "cannot read the Sentinel's service-account token {}: {e}",
-                self.token_file.display()
-            )
-        })?;
-        let mut spec = serde_json::json!({"token": token});
-        if !self.audiences.is_empty() {
-            spec["audiences"] = serde_json::json!(self.audiences);
-        }
-        let body = serde_json::json!({
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": spec,
-        });
-        let response = self
-            .http
-            .post(self.url.clone())
-            .bearer_auth(own_token.trim())
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| format!("TokenReview request failed: {}", e.without_url()))?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| format!("TokenReview answer unreadable: {}", e.without_url()))?;
-        if !status.is_success() {
+        let request = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: (!self.audiences.is_empty()).then(|| self.audiences.clone()),
+            },
+            ..TokenReview::default()
+        };
+        let review = tokio::time::timeout(
+            REVIEW_TIMEOUT,
+            self.api.create(&PostParams::default(), &request),
+        )
+        .await
+        .map_err(|_| format!("TokenReview unanswered after {REVIEW_TIMEOUT:?}"))?
+        .map_err(|e| match e {
             // 401/403 here are about the Sentinel's own credentials or RBAC (it needs
             // `create` on tokenreviews), not about the token under review.
-            return Err(format!(
+            kube::Error::Api(status) => format!(
                 "TokenReview refused with HTTP {}: {}",
-                status.as_u16(),
-                text.chars().take(300).collect::<String>()
-            ));
-        }
-        let review: Review = serde_json::from_str(&text)
-            .map_err(|e| format!("TokenReview answer is not a TokenReview: {e}"))?;
-        let status = review.status;
-        Ok(if !status.authenticated {
+                status.code, status.message
+            ),
+            other => format!("TokenReview request failed: {other}"),
+        })?;
+        let status = review.status.unwrap_or_default();
+        let username = status.user.and_then(|u| u.username).unwrap_or_default();
+        let confirmed = status.audiences.unwrap_or_default();
+        Ok(if status.authenticated != Some(true) {
             Verdict::Invalid {
-                reason: if status.error.is_empty() {
-                    "token not authenticated".into()
-                } else {
-                    status.error
-                },
+                reason: status
+                    .error
+                    .filter(|e| !e.is_empty())
+                    .unwrap_or_else(|| "token not authenticated".into()),
             }
         } else if !self.audiences.is_empty()
-            && !status.audiences.iter().any(|a| self.audiences.contains(a))
+            && !confirmed.iter().any(|a| self.audiences.contains(a))
         {
             Verdict::Invalid {
                 reason: format!(
-                    "the review did not confirm audience {:?} (it answered {:?})",
-                    self.audiences, status.audiences
+                    "the review did not confirm audience {:?} (it answered {confirmed:?})",
+                    self.audiences
                 ),
             }
-        } else if self.allowed.contains(&status.user.username) {
-            Verdict::Allowed {
-                username: status.user.username,
-            }
+        } else if self.allowed.contains(&username) {
+            Verdict::Allowed { username }
         } else {
-            Verdict::NotAllowed {
-                username: status.user.username,
-            }
+            Verdict::NotAllowed { username }
         })
     }
 }
