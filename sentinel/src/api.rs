@@ -26,7 +26,8 @@ use crate::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{
-    HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, IF_NONE_MATCH, WWW_AUTHENTICATE,
+    HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, IF_NONE_MATCH, RETRY_AFTER,
+    WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use std::collections::HashMap;
@@ -182,7 +183,19 @@ async fn route<B: hyper::body::Body>(
                     r
                 }
                 Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
-                Decision::Unavailable(message) => error(StatusCode::SERVICE_UNAVAILABLE, message),
+                Decision::Unavailable {
+                    message,
+                    retry_after,
+                } => {
+                    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, message);
+                    if let Some(wait) = retry_after {
+                        // Whole seconds, at least one: a zero would invite an immediate retry.
+                        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                        r.headers_mut()
+                            .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+                    }
+                    r
+                }
             }
         }
         _ => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),

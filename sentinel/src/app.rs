@@ -5,11 +5,11 @@
 use crate::airflow_api_source::AirflowApiSource;
 use crate::api::{handle, AppState};
 use crate::auth::static_tokens::StaticTokens;
-use crate::auth::token_review::TokenReviewer;
+use crate::auth::token_review::{ReviewCounters, TokenReviewer};
 use crate::auth::Authenticator;
 use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
-use crate::cluster::{kube_client, DeletionCostLoop, WorkloadWatch};
+use crate::cluster::{kube_client, review_client, DeletionCostLoop, WorkloadWatch};
 use crate::config::{Config, ConfigError};
 use crate::edge_worker_census::EdgeWorkerCensus;
 use crate::history::clock::SystemClock;
@@ -140,16 +140,16 @@ pub async fn start_with(
             }
         };
         let token_review = match (&config.auth.token_review, &kubernetes) {
-            (Some(tr), Some(access)) => Some(
-                TokenReviewer::new(
-                    access,
-                    &tr.allowed_usernames,
-                    &tr.audiences,
-                    tr.cache_ttl,
-                    metrics.token_reviews.clone(),
-                )
-                .map_err(ConfigError::new)?,
-            ),
+            (Some(tr), Some(access)) => Some(TokenReviewer::new(
+                review_client(access).map_err(ConfigError::new)?,
+                &tr.allowed_usernames,
+                &tr.audiences,
+                tr.cache_ttl,
+                ReviewCounters {
+                    outcomes: metrics.token_reviews.clone(),
+                    skipped: metrics.token_reviews_skipped.clone(),
+                },
+            )),
             (Some(_), None) => {
                 return Err(StartError::Config(ConfigError::new(
                     "--kubernetes-api-url: auth.tokenReview needs access to the Kubernetes API",
@@ -209,7 +209,7 @@ pub async fn start_with(
                 "--kubernetes-api-url: the kubernetes section needs access to the Kubernetes API",
             )
         })?;
-        let client = kube_client(access, &k8s.namespace).map_err(ConfigError::new)?;
+        let client = kube_client(access).map_err(ConfigError::new)?;
         let watch = Arc::new(WorkloadWatch::start(
             client.clone(),
             &k8s.namespace,

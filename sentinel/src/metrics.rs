@@ -24,6 +24,7 @@ pub struct Metrics {
     pub upstream_requests: IntCounterVec,
     pub http_requests: IntCounterVec,
     pub token_reviews: IntCounterVec,
+    pub token_reviews_skipped: IntCounterVec,
     pub pod_deletion_cost_patches: IntCounterVec,
     ready: IntGauge,
     queue_task_instances: IntGaugeVec,
@@ -129,6 +130,12 @@ impl Metrics {
                 "astro_sentinel_token_reviews_total",
                 "TokenReview calls to the Kubernetes API server, by outcome (cache hits excluded).",
                 &["outcome"],
+            ),
+            token_reviews_skipped: counter_vec(
+                &r,
+                "astro_sentinel_token_reviews_skipped_total",
+                "Bearer tokens answered without a TokenReview, by reason: not_jwt (401), rate_limited (503 with Retry-After).",
+                &["reason"],
             ),
             pod_deletion_cost_patches: counter_vec(
                 &r,

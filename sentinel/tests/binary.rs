@@ -218,19 +218,24 @@ fn wait_exit(child: &mut Proc) -> i32 {
     }
 }
 
+// JWT-shaped, as only such tokens are sent for review.
+const BOUND_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.bound-token-SECRET-4";
+const WRONG_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ3In0.wrong-token-SECRET-2";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_stop_cleanly_and_tokens_never_reach_the_logs() {
     let (fake, upstream) = fake_airflow().await;
     fake.set("a", 5, 1);
     let fake_kube = FakeKubernetes::new("own-sa-token-SECRET-3");
-    fake_kube.users.lock().unwrap().insert(
-        "bound-token-SECRET-4".into(),
-        "system:serviceaccount:x:y".into(),
-    );
+    fake_kube
+        .users
+        .lock()
+        .unwrap()
+        .insert(BOUND_TOKEN.into(), "system:serviceaccount:x:y".into());
     let kube = fake_kube.start().await;
     let dir = TempDir::new("bin-run");
     let tokens = dir.file("tokens", "static-token-SECRET-1\n");
-    let own = dir.file("own-token", "own-sa-token-SECRET-3\n");
+    let own = dir.file("own-token", "own-sa-token-SECRET-3");
     let config = dir.file(
         "c.yaml",
         &format!(
@@ -263,13 +268,13 @@ workers:
         .await;
         assert_eq!(value_at(&ok, "desiredReplicas"), 3.0);
         assert_eq!(
-            keda_get(addr, "/v1/workers/w", Some("wrong-token-SECRET-2"))
+            keda_get(addr, "/v1/workers/w", Some(WRONG_TOKEN))
                 .await
                 .status,
             401
         );
         assert_eq!(
-            keda_get(addr, "/v1/workers/w", Some("bound-token-SECRET-4"))
+            keda_get(addr, "/v1/workers/w", Some(BOUND_TOKEN))
                 .await
                 .status,
             403

@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+const KEDA_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJrZWRhIn0.a2VkYQ";
+
 /// A CA and a server certificate for 127.0.0.1 signed by it, made with the openssl CLI.
 fn certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let ca_key = dir.join(format!("{name}-ca.key"));
@@ -151,11 +153,11 @@ async fn token_review_over_https_trusts_the_configured_ca_only() {
     fake.users
         .lock()
         .unwrap()
-        .insert("keda-token".into(), "system:serviceaccount:keda:k".into());
+        .insert(KEDA_TOKEN.into(), "system:serviceaccount:keda:k".into());
     let (kube_addr, kube_task) = serve_tls(fake.clone(), &crt, &key).await;
     let (airflow, airflow_server) = fake_airflow().await;
     airflow.set("q", 4, 0);
-    let token_file = dir.file("own-token", "own-token\n");
+    let token_file = dir.file("own-token", "own-token");
     let yaml = "refreshInterval: 100ms\nauth:\n  tokenReview: {allowedUsernames: [\"system:serviceaccount:keda:k\"]}\nworkers:\n  - {name: w, queues: [q]}\n";
 
     for (ca, expected) in [(&cluster_ca, 200), (&other_ca, 503)] {
@@ -170,7 +172,7 @@ async fn token_review_over_https_trusts_the_configured_ca_only() {
             (keda_get(addr, "/readyz", None).await.status == 200).then_some(())
         })
         .await;
-        let a = keda_get(addr, "/v1/workers/w", Some("keda-token")).await;
+        let a = keda_get(addr, "/v1/workers/w", Some(KEDA_TOKEN)).await;
         assert_eq!(a.status, expected, "CA {}: {}", ca.display(), a.body);
         sentinel.stop().await;
     }

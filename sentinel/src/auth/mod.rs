@@ -2,14 +2,19 @@
 //! all — but only when the configuration says `auth.disabled: true`.
 //!
 //! A presented token is first compared with the static tokens (cheap, local); if it is not one
-//! of them and TokenReview is configured, the API server decides. Tokens are never logged.
+//! of them and TokenReview is configured, the API server decides. Tokens are never logged, and
+//! a 401 never says why the token was refused (the reason goes to the debug log).
 
+mod jwt_shape;
 pub mod static_tokens;
 pub mod token_review;
 
 use static_tokens::StaticTokens;
 use std::sync::Arc;
-use token_review::{TokenReviewer, Verdict};
+use std::time::Duration;
+use token_review::{ReviewError, TokenReviewer, Verdict};
+
+const INVALID_TOKEN: &str = "invalid bearer token";
 
 /// The outcome of checking a request's credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,8 +24,12 @@ pub enum Decision {
     Unauthorized(String),
     /// 403: a valid identity that is not on the allow-list.
     Forbidden(String),
-    /// 503: the token could not be checked right now.
-    Unavailable(String),
+    /// 503: the token could not be checked right now; `retry_after` when it is known when it
+    /// can be.
+    Unavailable {
+        message: String,
+        retry_after: Option<Duration>,
+    },
 }
 
 pub struct Authenticator {
@@ -65,7 +74,7 @@ impl Authenticator {
             }
         }
         let Some(reviewer) = &self.token_review else {
-            return Decision::Unauthorized("invalid bearer token".into());
+            return Decision::Unauthorized(INVALID_TOKEN.into());
         };
         match reviewer.review(token).await {
             Ok(Verdict::Allowed { .. }) => Decision::Allow,
@@ -76,12 +85,22 @@ impl Authenticator {
                 ))
             }
             Ok(Verdict::Invalid { reason }) => {
-                tracing::debug!(%reason, "TokenReview rejected a token");
-                Decision::Unauthorized(format!("invalid bearer token: {reason}"))
+                tracing::debug!(%reason, "refused a bearer token");
+                Decision::Unauthorized(INVALID_TOKEN.into())
             }
-            Err(error) => {
+            Err(ReviewError::Busy { retry_after }) => {
+                tracing::debug!(?retry_after, "the TokenReview budget is spent");
+                Decision::Unavailable {
+                    message: "too many unknown tokens to verify right now; retry later".into(),
+                    retry_after: Some(retry_after),
+                }
+            }
+            Err(ReviewError::Failed(error)) => {
                 tracing::warn!(%error, "cannot verify a bearer token");
-                Decision::Unavailable("cannot verify the bearer token right now".into())
+                Decision::Unavailable {
+                    message: "cannot verify the bearer token right now".into(),
+                    retry_after: None,
+                }
             }
         }
     }

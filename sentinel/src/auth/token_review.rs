@@ -1,11 +1,11 @@
 //! Kubernetes TokenReview for KEDA's bound service-account tokens.
 //!
-//! The presented token is POSTed to `/apis/authentication.k8s.io/v1/tokenreviews` with the
-//! Sentinel's own service-account token, which is re-read for every review because the kubelet
-//! rotates it. With `audiences` configured the review asks for them (KEDA >= 2.21 mints its
-//! tokens for the audience mapped in `KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`), so a token minted
-//! for another service — or for the API server itself — does not pass; without, the API
-//! server checks its own audience (KEDA in `legacy` token mode, or before 2.21).
+//! The presented token is sent in a TokenReview through the Sentinel's Kubernetes client
+//! ([`crate::cluster::review_client`]), as its own service account. With `audiences`
+//! configured the review asks for them (KEDA >= 2.21 mints its tokens for the audience mapped
+//! in `KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`), so a token minted for another service — or for
+//! the API server itself — does not pass; without, the API server checks its own audience
+//! (KEDA in `legacy` token mode, or before 2.21).
 //! Only `status.authenticated == true` with `status.user.username` in the allow-list passes,
 //! and, when audiences were asked for, `status.audiences` must name one of them: an API server
 //! that ignored the audiences would answer without, and its "authenticated" proves nothing.
@@ -13,20 +13,40 @@
 //! Verdicts are cached by the token's SHA-256 for a short TTL (well under the one-hour life of
 //! KEDA's tokens), so KEDA's polling costs the API server one review per token per TTL. A
 //! failed review (API server unreachable, our own credentials refused) is not cached.
+//!
+//! Unknown tokens cannot make the API server work for anyone who can reach the port: a token
+//! that is not JWT-shaped is refused without a review; concurrent requests with one token share
+//! one review; reviews of tokens never allowed before draw on a budget of
+//! [`REVIEWS_PER_SECOND`] (bursts of [`REVIEW_BURST`]), and past it the request is answered
+//! 503 with Retry-After — the token could not be checked, which says nothing against it. A
+//! token allowed before is re-reviewed outside the budget when its verdict expires, so a flood
+//! cannot lock KEDA out. The cache is bounded and evicts single entries (least recently used,
+//! behind a frequency filter that keeps a token seen once from displacing one read at every
+//! poll), never the whole cache.
 
+use super::jwt_shape::is_jwt_shaped;
 use super::static_tokens::{hash, TokenHash};
-use crate::settings::KubernetesAccess;
+use governor::clock::Clock;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+use kube::Api;
+use moka::future::Cache;
 use prometheus::IntCounterVec;
-use serde::Deserialize;
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-use url::Url;
+use std::collections::HashSet;
+use std::num::NonZeroU32;
+use std::time::Duration;
 
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bounds the cache: past this many entries, expired ones are dropped, and if that is not
-/// enough the cache starts over (a flood of random tokens cannot grow memory).
-const MAX_CACHED_VERDICTS: usize = 4096;
+/// Bounds the verdict cache (a flood of random tokens cannot grow memory).
+const MAX_CACHED_VERDICTS: u64 = 4096;
+/// Reviews per second for tokens never allowed before, once a burst is spent.
+pub const REVIEWS_PER_SECOND: u32 = 20;
+/// Reviews that may go out at once, e.g. for every ScaledObject's token when KEDA starts.
+pub const REVIEW_BURST: u32 = 100;
+/// How many allowed tokens keep their place outside the budget, and for how long unused.
+const MAX_VOUCHED_TOKENS: u64 = 1024;
+const VOUCHED_IDLE: Duration = Duration::from_secs(3600);
 
 /// What the API server said about a token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,102 +59,97 @@ pub enum Verdict {
     Invalid { reason: String },
 }
 
+/// Why a token could not be checked (the caller answers 503; nothing is cached).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReviewError {
+    /// The review budget is spent; it allows another review after this long.
+    #[error("too many unknown tokens to review; the budget allows another in {retry_after:?}")]
+    Busy { retry_after: Duration },
+    /// The review itself failed: API server unreachable, our own credentials refused...
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Counters of [`TokenReviewer`]'s work.
+pub struct ReviewCounters {
+    /// Reviews asked of the API server, by outcome.
+    pub outcomes: IntCounterVec,
+    /// Tokens answered without a review, by reason (`not_jwt`, `rate_limited`).
+    pub skipped: IntCounterVec,
+}
+
 pub struct TokenReviewer {
-    http: reqwest::Client,
-    url: Url,
-    token_file: std::path::PathBuf,
+    api: Api<TokenReview>,
     allowed: HashSet<String>,
     audiences: Vec<String>,
-    ttl: Duration,
-    cache: Mutex<HashMap<TokenHash, (Verdict, Instant)>>,
-    outcomes: IntCounterVec,
-}
-
-#[derive(Deserialize)]
-struct Review {
-    #[serde(default)]
-    status: ReviewStatus,
-}
-
-#[derive(Deserialize, Default)]
-struct ReviewStatus {
-    #[serde(default)]
-    authenticated: bool,
-    #[serde(default)]
-    user: ReviewUser,
-    #[serde(default)]
-    error: String,
-    #[serde(default)]
-    audiences: Vec<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct ReviewUser {
-    #[serde(default)]
-    username: String,
+    verdicts: Cache<TokenHash, Verdict>,
+    /// Tokens the last review allowed: their re-reviews skip the budget.
+    vouched: Cache<TokenHash, ()>,
+    budget: DefaultDirectRateLimiter,
+    counters: ReviewCounters,
 }
 
 impl TokenReviewer {
     pub fn new(
-        access: &KubernetesAccess,
+        client: kube::Client,
         allowed_usernames: &[String],
         audiences: &[String],
         ttl: Duration,
-        outcomes: IntCounterVec,
-    ) -> Result<Self, String> {
-        let mut builder = reqwest::Client::builder()
-            .timeout(REVIEW_TIMEOUT)
-            .connect_timeout(REVIEW_TIMEOUT)
-            .user_agent(concat!("astro-sentinel/", env!("CARGO_PKG_VERSION")));
-        if access.api_url.scheme() == "https" {
-            let pem = std::fs::read(&access.ca_file)
-                .map_err(|e| format!("--kubernetes-ca-file {}: {e}", access.ca_file.display()))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| format!("--kubernetes-ca-file {}: {e}", access.ca_file.display()))?;
-            if certs.is_empty() {
-                return Err(format!(
-                    "--kubernetes-ca-file {}: no certificate in the file",
-                    access.ca_file.display()
-                ));
-            }
-            // Trust the cluster CA only, not the public roots.
-            builder = builder.tls_built_in_root_certs(false);
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        let http = builder
-            .build()
-            .map_err(|e| format!("cannot build the Kubernetes API client: {e}"))?;
-        let mut url = access.api_url.clone();
-        url.path_segments_mut()
-            .map_err(|_| format!("--kubernetes-api-url {}: not a base URL", access.api_url))?
-            .pop_if_empty()
-            .extend(["apis", "authentication.k8s.io", "v1", "tokenreviews"]);
-        Ok(TokenReviewer {
-            http,
-            url,
-            token_file: access.token_file.clone(),
+        counters: ReviewCounters,
+    ) -> Self {
+        TokenReviewer {
+            api: Api::all(client),
             allowed: allowed_usernames.iter().cloned().collect(),
             audiences: audiences.to_vec(),
-            ttl,
-            cache: Mutex::new(HashMap::new()),
-            outcomes,
-        })
+            verdicts: Cache::builder()
+                .max_capacity(MAX_CACHED_VERDICTS)
+                .time_to_live(ttl)
+                .build(),
+            vouched: Cache::builder()
+                .max_capacity(MAX_VOUCHED_TOKENS)
+                .time_to_idle(VOUCHED_IDLE)
+                .build(),
+            budget: RateLimiter::direct(
+                Quota::per_second(NonZeroU32::new(REVIEWS_PER_SECOND).expect("not zero"))
+                    .allow_burst(NonZeroU32::new(REVIEW_BURST).expect("not zero")),
+            ),
+            counters,
+        }
     }
 
-    /// The verdict on `token`, from the cache when a fresh one is there. `Err` means the
-    /// review itself could not be done (the caller answers 503, and nothing is cached).
-    pub async fn review(&self, token: &str) -> Result<Verdict, String> {
+    /// The verdict on `token`: from the cache when a fresh one is there, else from one review
+    /// shared by every request that asks meanwhile.
+    pub async fn review(&self, token: &str) -> Result<Verdict, ReviewError> {
+        if !is_jwt_shaped(token) {
+            self.counters.skipped.with_label_values(&["not_jwt"]).inc();
+            return Ok(Verdict::Invalid {
+                reason: "not a JWT".into(),
+            });
+        }
         let key = hash(token);
-        if let Some(verdict) = self.cached(&key) {
-            return Ok(verdict);
+        self.verdicts
+            .try_get_with(key, self.review_now(key, token))
+            .await
+            .map_err(|shared| ReviewError::clone(&shared))
+    }
+
+    async fn review_now(&self, key: TokenHash, token: &str) -> Result<Verdict, ReviewError> {
+        if self.vouched.get(&key).await.is_none() {
+            if let Err(not_until) = self.budget.check() {
+                self.counters
+                    .skipped
+                    .with_label_values(&["rate_limited"])
+                    .inc();
+                return Err(ReviewError::Busy {
+                    retry_after: not_until.wait_time_from(self.budget.clock().now()),
+                });
+            }
         }
         let verdict = match self.ask(token).await {
             Ok(v) => v,
             Err(e) => {
-                self.outcomes.with_label_values(&["error"]).inc();
-                return Err(e);
+                self.counters.outcomes.with_label_values(&["error"]).inc();
+                return Err(ReviewError::Failed(e));
             }
         };
         let outcome = match &verdict {
@@ -142,97 +157,61 @@ impl TokenReviewer {
             Verdict::NotAllowed { .. } => "not_allowed",
             Verdict::Invalid { .. } => "invalid",
         };
-        self.outcomes.with_label_values(&[outcome]).inc();
-        self.remember(key, verdict.clone());
+        self.counters.outcomes.with_label_values(&[outcome]).inc();
+        if matches!(verdict, Verdict::Allowed { .. }) {
+            self.vouched.insert(key, ()).await;
+        } else {
+            self.vouched.invalidate(&key).await;
+        }
         Ok(verdict)
     }
 
-    fn cached(&self, key: &TokenHash) -> Option<Verdict> {
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        match cache.get(key) {
-            Some((verdict, at)) if at.elapsed() < self.ttl => Some(verdict.clone()),
-            _ => None,
-        }
-    }
-
-    fn remember(&self, key: TokenHash, verdict: Verdict) {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= MAX_CACHED_VERDICTS {
-            let ttl = self.ttl;
-            cache.retain(|_, (_, at)| at.elapsed() < ttl);
-            if cache.len() >= MAX_CACHED_VERDICTS {
-                cache.clear();
-            }
-        }
-        cache.insert(key, (verdict, Instant::now()));
-    }
-
     async fn ask(&self, token: &str) -> Result<Verdict, String> {
-        let own_token = std::fs::read_to_string(&self.token_file).map_err(|e| {
-            format!(
-                "cannot read the Sentinel's service-account token {}: {e}",
-                self.token_file.display()
-            )
-        })?;
-        let mut spec = serde_json::json!({"token": token});
-        if !self.audiences.is_empty() {
-            spec["audiences"] = serde_json::json!(self.audiences);
-        }
-        let body = serde_json::json!({
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": spec,
-        });
-        let response = self
-            .http
-            .post(self.url.clone())
-            .bearer_auth(own_token.trim())
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| format!("TokenReview request failed: {}", e.without_url()))?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| format!("TokenReview answer unreadable: {}", e.without_url()))?;
-        if !status.is_success() {
+        let request = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: (!self.audiences.is_empty()).then(|| self.audiences.clone()),
+            },
+            ..TokenReview::default()
+        };
+        let review = tokio::time::timeout(
+            REVIEW_TIMEOUT,
+            self.api.create(&PostParams::default(), &request),
+        )
+        .await
+        .map_err(|_| format!("TokenReview unanswered after {REVIEW_TIMEOUT:?}"))?
+        .map_err(|e| match e {
             // 401/403 here are about the Sentinel's own credentials or RBAC (it needs
             // `create` on tokenreviews), not about the token under review.
-            return Err(format!(
+            kube::Error::Api(status) => format!(
                 "TokenReview refused with HTTP {}: {}",
-                status.as_u16(),
-                text.chars().take(300).collect::<String>()
-            ));
-        }
-        let review: Review = serde_json::from_str(&text)
-            .map_err(|e| format!("TokenReview answer is not a TokenReview: {e}"))?;
-        let status = review.status;
-        Ok(if !status.authenticated {
+                status.code, status.message
+            ),
+            other => format!("TokenReview request failed: {other}"),
+        })?;
+        let status = review.status.unwrap_or_default();
+        let username = status.user.and_then(|u| u.username).unwrap_or_default();
+        let confirmed = status.audiences.unwrap_or_default();
+        Ok(if status.authenticated != Some(true) {
             Verdict::Invalid {
-                reason: if status.error.is_empty() {
-                    "token not authenticated".into()
-                } else {
-                    status.error
-                },
+                reason: status
+                    .error
+                    .filter(|e| !e.is_empty())
+                    .unwrap_or_else(|| "token not authenticated".into()),
             }
         } else if !self.audiences.is_empty()
-            && !status.audiences.iter().any(|a| self.audiences.contains(a))
+            && !confirmed.iter().any(|a| self.audiences.contains(a))
         {
             Verdict::Invalid {
                 reason: format!(
-                    "the review did not confirm audience {:?} (it answered {:?})",
-                    self.audiences, status.audiences
+                    "the review did not confirm audience {:?} (it answered {confirmed:?})",
+                    self.audiences
                 ),
             }
-        } else if self.allowed.contains(&status.user.username) {
-            Verdict::Allowed {
-                username: status.user.username,
-            }
+        } else if self.allowed.contains(&username) {
+            Verdict::Allowed { username }
         } else {
-            Verdict::NotAllowed {
-                username: status.user.username,
-            }
+            Verdict::NotAllowed { username }
         })
     }
 }

@@ -11,6 +11,6 @@ mod deletion_cost;
 mod pod_state;
 mod workload_watch;
 
-pub use client::kube_client;
+pub use client::{kube_client, review_client};
 pub use deletion_cost::DeletionCostLoop;
 pub use workload_watch::WorkloadWatch;

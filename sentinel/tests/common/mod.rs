@@ -214,6 +214,8 @@ pub struct FakeKubernetes {
     pub seen: Mutex<Vec<String>>,
     /// Answer this status instead of a review (e.g. 500 or 403).
     pub broken: Mutex<Option<u16>>,
+    /// While `false`, reviews are received (and counted) but not answered.
+    pub answering: watch::Sender<bool>,
 }
 
 impl FakeKubernetes {
@@ -227,6 +229,7 @@ impl FakeKubernetes {
             reviews: AtomicUsize::new(0),
             seen: Mutex::new(Vec::new()),
             broken: Mutex::new(None),
+            answering: watch::Sender::new(true),
         })
     }
 
@@ -250,6 +253,11 @@ impl FakeKubernetes {
             return json_response(404, serde_json::json!({"kind": "Status", "code": 404}));
         }
         self.reviews.fetch_add(1, Ordering::SeqCst);
+        let _ = self
+            .answering
+            .subscribe()
+            .wait_for(|answering| *answering)
+            .await;
         let own = format!("Bearer {}", self.own_token);
         if req
             .headers()
@@ -314,6 +322,23 @@ impl FakeKubernetes {
             }),
         )
     }
+}
+
+/// A token shaped like a Kubernetes service-account token (three base64url segments) that no
+/// API server issued, a different one for each `seed`.
+pub fn jwt_shaped(seed: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let hex = |part: &str| -> String {
+        Sha256::digest(format!("{part} {seed}").as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    format!(
+        "eyJhbGciOiJSUzI1NiJ9.eyJ{}.{}",
+        hex("payload"),
+        hex("signature")
+    )
 }
 
 /// An HTTP answer as a client sees it.
