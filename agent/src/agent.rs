@@ -30,7 +30,12 @@ const REPORT_GRACE: Duration = Duration::from_secs(30);
 /// How long start-up waits for the pre-forked launcher before registering without it.
 const LAUNCHER_WAIT: Duration = Duration::from_secs(30);
 
-pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
+/// `task_env` is the environment task processes inherit (see [`crate::task_env`]).
+pub async fn run(
+    config: Config,
+    versions: Versions,
+    task_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let drain = CancellationToken::new();
@@ -64,7 +69,7 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
             mode: config.launch_mode,
             slots: config.sync_slots,
         },
-        std::env::vars_os(),
+        task_env.into_iter(),
     )
     .context("creating the private work directory for workload files")?;
     let stop_launcher = CancellationToken::new();

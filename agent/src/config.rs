@@ -1,7 +1,9 @@
 //! The agent's configuration: one clap struct, every flag also read from `ASTRO_AGENT_<FLAG>`,
 //! and one validation step that turns it into [`Config`] or a one-line error naming the flag.
 
+use crate::task_env::EnvPattern;
 use crate::task_process::LaunchMode;
+use airflow::secret_file::{value_or_file, SecretError};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,7 +21,8 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_AGENT_API_URL", value_name = "URL")]
     pub api_url: Option<String>,
 
-    /// File holding Airflow's [api_auth] jwt_secret (or give the value in ASTRO_AGENT_JWT_SECRET)
+    /// File holding Airflow's [api_auth] jwt_secret (or give the value in ASTRO_AGENT_JWT_SECRET;
+    /// there is no flag for the value, as command lines are readable by every process)
     #[arg(long, env = "ASTRO_AGENT_JWT_SECRET_FILE", value_name = "PATH")]
     pub jwt_secret_file: Option<PathBuf>,
 
@@ -127,7 +130,8 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_AGENT_REST_API_URL", value_name = "URL")]
     pub rest_api_url: Option<String>,
 
-    /// Bearer token for the REST API
+    /// Bearer token for the REST API (on a command line every process can read it: prefer
+    /// --rest-api-token-file)
     #[arg(
         long,
         env = "ASTRO_AGENT_REST_API_TOKEN",
@@ -136,11 +140,15 @@ pub struct Flags {
     )]
     pub rest_api_token: Option<String>,
 
+    /// File holding the bearer token for the REST API
+    #[arg(long, env = "ASTRO_AGENT_REST_API_TOKEN_FILE", value_name = "PATH")]
+    pub rest_api_token_file: Option<PathBuf>,
+
     /// User exchanged for a token at /auth/token (with --rest-api-password)
     #[arg(long, env = "ASTRO_AGENT_REST_API_USERNAME", value_name = "USER")]
     pub rest_api_username: Option<String>,
 
-    /// Password for --rest-api-username
+    /// Password for --rest-api-username (prefer --rest-api-password-file)
     #[arg(
         long,
         env = "ASTRO_AGENT_REST_API_PASSWORD",
@@ -148,6 +156,21 @@ pub struct Flags {
         hide_env_values = true
     )]
     pub rest_api_password: Option<String>,
+
+    /// File holding the password for --rest-api-username
+    #[arg(long, env = "ASTRO_AGENT_REST_API_PASSWORD_FILE", value_name = "PATH")]
+    pub rest_api_password_file: Option<PathBuf>,
+
+    /// Comma-separated environment variables tasks inherit besides the built-in list (PATH,
+    /// HOME, locale, PYTHON*, AIRFLOW_* but Airflow's server secrets, TLS and proxy settings);
+    /// NAME* allows a prefix. The agent's own ASTRO_AGENT_* settings never pass.
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_TASK_ENV_ALLOW",
+        value_name = "NAMES",
+        value_delimiter = ','
+    )]
+    pub task_env_allow: Vec<String>,
 }
 
 /// Where queue statistics come from, when they are on.
@@ -176,6 +199,8 @@ pub struct Config {
     pub drain_timeout: Option<Duration>,
     pub launch_mode: LaunchMode,
     pub rest_api: Option<RestApiConfig>,
+    /// Environment variables tasks inherit besides the built-in allowlist.
+    pub task_env_allow: Vec<EnvPattern>,
 }
 
 /// Bytes that must never be printed.
@@ -214,6 +239,15 @@ fn err(flag: &'static str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+impl From<SecretError> for ConfigError {
+    fn from(e: SecretError) -> Self {
+        ConfigError {
+            flag: e.flag,
+            problem: e.problem,
+        }
+    }
+}
+
 fn http_url(flag: &'static str, value: Option<&str>) -> Result<Url, ConfigError> {
     let value = value.ok_or_else(|| err(flag, "is required"))?;
     let url = Url::parse(value).map_err(|e| err(flag, format!("{value:?} is not a URL: {e}")))?;
@@ -237,24 +271,20 @@ impl Flags {
         let api_url = http_url("--api-url", self.api_url.as_deref())?;
         let execution_api_url = http_url("--execution-api-url", self.execution_api_url.as_deref())?;
 
-        let jwt_secret = match (&self.jwt_secret_file, env_secret) {
-            (Some(path), _) => std::fs::read(path).map_err(|e| {
-                err(
-                    "--jwt-secret-file",
-                    format!("cannot read {}: {e}", path.display()),
-                )
-            })?,
-            (None, Some(value)) => value.into_bytes(),
-            (None, None) => {
-                return Err(err(
-                    "--jwt-secret-file",
-                    "is required (or set ASTRO_AGENT_JWT_SECRET)",
-                ))
-            }
-        };
-        // Files written by editors and Secrets created with `echo` end in a newline that is
-        // not part of the secret.
-        let jwt_secret: Vec<u8> = jwt_secret.trim_ascii_end().to_vec();
+        let jwt_secret = value_or_file(
+            env_secret,
+            "ASTRO_AGENT_JWT_SECRET",
+            self.jwt_secret_file.as_deref(),
+            "--jwt-secret-file",
+        )?
+        .ok_or_else(|| {
+            err(
+                "--jwt-secret-file",
+                "is required (or set ASTRO_AGENT_JWT_SECRET)",
+            )
+        })?;
+        // A Secret created with `echo` ends in a newline that is not part of the secret.
+        let jwt_secret = jwt_secret.trim_end().as_bytes().to_vec();
         if jwt_secret.is_empty() {
             return Err(err("--jwt-secret-file", "the JWT secret is empty"));
         }
@@ -305,11 +335,19 @@ impl Flags {
             Some(url) => {
                 let url = http_url("--rest-api-url", Some(url))?;
                 use airflow::rest_api::RestCredentials;
-                let credentials = match (
+                let token = value_or_file(
                     self.rest_api_token,
-                    self.rest_api_username,
+                    "--rest-api-token",
+                    self.rest_api_token_file.as_deref(),
+                    "--rest-api-token-file",
+                )?;
+                let password = value_or_file(
                     self.rest_api_password,
-                ) {
+                    "--rest-api-password",
+                    self.rest_api_password_file.as_deref(),
+                    "--rest-api-password-file",
+                )?;
+                let credentials = match (token, self.rest_api_username, password) {
                     (Some(token), None, None) if !token.is_empty() => RestCredentials::Token(token),
                     (None, Some(username), Some(password)) if !username.is_empty() => {
                         RestCredentials::Password { username, password }
@@ -337,6 +375,13 @@ impl Flags {
             }
         };
 
+        let task_env_allow = self
+            .task_env_allow
+            .iter()
+            .filter(|name| !name.trim().is_empty())
+            .map(|name| EnvPattern::parse(name.trim()).map_err(|e| err("--task-env-allow", e)))
+            .collect::<Result<Vec<_>, _>>()?;
+
         Ok(Config {
             api_url,
             jwt_secret: Secret(jwt_secret),
@@ -354,6 +399,7 @@ impl Flags {
             drain_timeout: self.drain_timeout,
             launch_mode: self.launch_mode,
             rest_api,
+            task_env_allow,
         })
     }
 }
@@ -472,5 +518,70 @@ mod tests {
             .validate(None, || Some("h".into()))
             .unwrap_err();
         assert_eq!(e.flag, "--jwt-secret-file");
+        let e = flags(&["--jwt-secret-file", path.to_str().unwrap()])
+            .validate(Some("from-env".into()), || Some("h".into()))
+            .unwrap_err();
+        assert_eq!(e.flag, "--jwt-secret-file", "a file and a value: {e}");
+    }
+
+    #[test]
+    fn rest_credentials_come_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "tok\n").unwrap();
+        let c = validate(&[
+            "--rest-api-url",
+            "http://127.0.0.1:8080",
+            "--rest-api-token-file",
+            token.to_str().unwrap(),
+        ])
+        .unwrap();
+        let credentials = format!("{:?}", c.rest_api.unwrap().credentials);
+        assert!(credentials.starts_with("Token"), "{credentials}");
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pw\n").unwrap();
+        let c = validate(&[
+            "--rest-api-url",
+            "http://127.0.0.1:8080",
+            "--rest-api-username",
+            "admin",
+            "--rest-api-password-file",
+            password.to_str().unwrap(),
+        ])
+        .unwrap();
+        match c.rest_api.unwrap().credentials {
+            airflow::rest_api::RestCredentials::Password { password, .. } => {
+                assert_eq!(password, "pw")
+            }
+            other => panic!("{other:?}"),
+        }
+        for (flag, file) in [
+            ("--rest-api-token", &token),
+            ("--rest-api-password", &password),
+        ] {
+            let file_flag = format!("{flag}-file");
+            let e = validate(&[
+                "--rest-api-url",
+                "http://127.0.0.1:8080",
+                "--rest-api-username",
+                "admin",
+                flag,
+                "v",
+                &file_flag,
+                file.to_str().unwrap(),
+            ])
+            .unwrap_err();
+            assert_eq!(e.flag, file_flag, "{e}");
+        }
+    }
+
+    #[test]
+    fn task_env_allow_takes_names_and_prefixes_but_no_secret() {
+        let c = validate(&["--task-env-allow", "MY_TOKEN, AWS_*"]).unwrap();
+        assert_eq!(c.task_env_allow.len(), 2);
+        let e = validate(&["--task-env-allow", "OK,AIRFLOW__API_AUTH__JWT_SECRET"]).unwrap_err();
+        assert_eq!(e.flag, "--task-env-allow");
+        let e = validate(&["--task-env-allow", "A-B"]).unwrap_err();
+        assert_eq!(e.flag, "--task-env-allow");
     }
 }

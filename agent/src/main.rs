@@ -18,6 +18,7 @@ mod registration;
 mod reporter;
 mod shutdown;
 mod slots;
+mod task_env;
 mod task_process;
 mod task_runner;
 mod versions;
@@ -30,6 +31,14 @@ use std::process::ExitCode;
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
+    // Before any secret is read: a process that is not dumpable has its /proc/<pid>/environ,
+    // mem, maps, fd and the like owned by root and closed to ptrace, so the tasks, which run
+    // as the same user, cannot read the agent's environment or memory. (The tasks themselves
+    // are dumpable again: exec resets the flag, and they inherit no secret.)
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("astro-agent: cannot make the process non-dumpable: {e}");
+        return ExitCode::FAILURE;
+    }
     let flags = match config::Flags::try_parse() {
         Ok(flags) => flags,
         Err(e) if !e.use_stderr() => {
@@ -59,8 +68,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let task_env = task_env::inherited(std::env::vars_os(), &config.task_env_allow);
     let versions = match versions::resolve(
         &config.python,
+        &task_env,
         config.airflow_version.clone(),
         config.edge_provider_version.clone(),
     ) {
@@ -82,7 +93,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(agent::run(config, versions)) {
+    match runtime.block_on(agent::run(config, versions, task_env)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

@@ -4,8 +4,8 @@
 //! `python -m airflow.sdk.execution_time.execute_workload --json-path FILE`, in a process group
 //! of its own so that a stop reaches the supervisor and the task it forked. The workload (it
 //! holds the task's Execution API token) goes into a 0600 file rather than argv, where `ps`
-//! would show it, and the process gets the agent's environment minus every secret the task
-//! must not see: the agent's own settings, Airflow's JWT secret and any database URL.
+//! would show it, and the process gets the allowlisted environment of [`crate::task_env`]
+//! plus the settings below.
 //!
 //! Two ways to start it ([`LaunchMode`]): a fork of the pre-forked launcher, which has Airflow
 //! imported already, or a fresh interpreter — the fallback whenever the launcher cannot start
@@ -28,16 +28,6 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a task gets between SIGTERM and SIGKILL when the agent must stop it.
 pub const KILL_GRACE: Duration = Duration::from_secs(10);
-
-/// Environment variables a task never inherits (matched by prefix, which also covers
-/// Airflow's `_CMD` and `_SECRET` variants).
-const WITHHELD_ENV_PREFIXES: &[&str] = &[
-    "ASTRO_AGENT_",
-    "AIRFLOW__API_AUTH__JWT_SECRET",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
-    "AIRFLOW__CORE__SQL_ALCHEMY_CONN",
-    "AIRFLOW__CELERY__RESULT_BACKEND",
-];
 
 /// How task processes are started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -74,10 +64,10 @@ pub struct SpawnerSettings<'a> {
 impl TaskSpawner {
     /// Creates the private work directory that holds workload files: a new directory with a
     /// random name and mode 0700, so that nobody can prepare it (or a symlink in its place)
-    /// beforehand.
+    /// beforehand. `inherited_env` is what tasks inherit ([`crate::task_env::inherited`]).
     pub fn new(
         settings: SpawnerSettings<'_>,
-        parent_env: impl Iterator<Item = (OsString, OsString)>,
+        inherited_env: impl Iterator<Item = (OsString, OsString)>,
     ) -> std::io::Result<Self> {
         let SpawnerSettings {
             python,
@@ -92,12 +82,7 @@ impl TaskSpawner {
             .prefix("astro-agent-")
             .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(work_dir_in)?;
-        let mut env: Vec<(OsString, OsString)> = parent_env
-            .filter(|(key, _)| {
-                let key = key.to_string_lossy();
-                !WITHHELD_ENV_PREFIXES.iter().any(|p| key.starts_with(p))
-            })
-            .collect();
+        let mut env: Vec<(OsString, OsString)> = inherited_env.collect();
         let set = [
             (
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
@@ -337,6 +322,7 @@ impl TaskProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::task_env::EnvPattern;
     use nix::unistd::Pid;
 
     /// A stand-in "python" for fresh mode that records its argv, environment and workload,
@@ -380,8 +366,15 @@ mod tests {
             ),
             ("AIRFLOW__CORE__DAGS_FOLDER".into(), "/dags".into()),
             ("HOSTNAME".into(), "pod-name".into()),
+            ("UNLISTED_TOKEN".into(), "unlisted-secret".into()),
         ];
-        TaskSpawner::new(settings(python, dir, LaunchMode::Fresh), parent.into_iter()).unwrap()
+        // As the agent builds it: the allowlist, with what the fake supervisor reads added.
+        let allowed = ["RECORD", "ACTION"].map(|name| EnvPattern::parse(name).unwrap());
+        TaskSpawner::new(
+            settings(python, dir, LaunchMode::Fresh),
+            crate::task_env::inherited(parent.into_iter(), &allowed).into_iter(),
+        )
+        .unwrap()
     }
 
     #[tokio::test]
@@ -408,11 +401,17 @@ mod tests {
         assert!(env.contains("HOSTNAME=worker-7"));
         assert!(env.contains("AIRFLOW__LOGGING__BASE_LOG_FOLDER=/logs"));
         assert!(env.contains("AIRFLOW__CORE__DAGS_FOLDER=/dags"));
-        assert!(
-            !env.contains("secret"),
-            "a secret leaked into the task env:\n{env}"
-        );
-        assert!(!env.contains("SQL_ALCHEMY_CONN"));
+        for withheld in [
+            "agent-secret",
+            "airflow-secret",
+            "postgresql://x",
+            "unlisted-secret",
+        ] {
+            assert!(
+                !env.contains(withheld),
+                "{withheld} leaked into the task env:\n{env}"
+            );
+        }
         assert!(p.output_tail(1024).contains("supervisor-says-hi"));
         drop(p);
         let left: Vec<_> = std::fs::read_dir(spawner.work_dir()).unwrap().collect();
@@ -614,8 +613,11 @@ if __name__ == "__main__":
                 "airflow-secret".into(),
             ),
         ];
-        let spawner =
-            TaskSpawner::new(settings(&python, dir.path(), mode), parent.into_iter()).unwrap();
+        let spawner = TaskSpawner::new(
+            settings(&python, dir.path(), mode),
+            crate::task_env::inherited(parent.into_iter(), &[]).into_iter(),
+        )
+        .unwrap();
         let stop = CancellationToken::new();
         if let Some(launcher) = spawner.prefork_launcher() {
             tokio::spawn(launcher.supervise(stop.clone()));

@@ -3,6 +3,7 @@
 //! environment that runs the tasks.
 
 use crate::config::ConfigError;
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
@@ -15,8 +16,11 @@ const DETECT: &str = "import importlib.metadata as m\n\
 print(m.version('apache-airflow'))\n\
 print(m.version('apache-airflow-providers-edge3'))";
 
+/// `env` is the environment tasks get: the probe runs the tasks' Python, whose start-up
+/// (`.pth` files, `sitecustomize`) may run code of the image, so it sees no more than a task.
 pub fn resolve(
     python: &Path,
+    env: &[(OsString, OsString)],
     airflow: Option<String>,
     edge_provider: Option<String>,
 ) -> Result<Versions, ConfigError> {
@@ -38,8 +42,7 @@ pub fn resolve(
             python.display()
         ),
     };
-    let output = Command::new(python)
-        .args(["-c", DETECT])
+    let output = probe(python, env)
         .output()
         .map_err(|e| fail(e.to_string()))?;
     if !output.status.success() {
@@ -60,6 +63,16 @@ pub fn resolve(
     })
 }
 
+/// The detection command, with nothing of the agent's environment but `env`.
+fn probe(python: &Path, env: &[(OsString, OsString)]) -> Command {
+    let mut command = Command::new(python);
+    command
+        .args(["-c", DETECT])
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    command
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +81,7 @@ mod tests {
     fn given_versions_need_no_python() {
         let v = resolve(
             Path::new("/nonexistent"),
+            &[],
             Some("3.3.2".into()),
             Some("5.1.0".into()),
         )
@@ -79,14 +93,45 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_sees_only_the_environment_it_is_given() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let seen = dir.path().join("env");
+        let python = dir.path().join("python");
+        std::fs::write(&python, format!("#!/bin/sh\nenv > {}\n", seen.display())).unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let env = [("LANG".into(), "C.UTF-8".into())];
+        // Through the reaper: in this test binary it waits for every child (in the agent,
+        // the probe runs before it starts).
+        let (_child, exit) = crate::reaper::Reaper::global()
+            .spawn(&mut probe(&python, &env))
+            .unwrap();
+        assert!(exit.blocking_recv().unwrap().success());
+        let seen = std::fs::read_to_string(seen).unwrap();
+        assert!(seen.contains("LANG=C.UTF-8"), "{seen}");
+        // The test process's own variables (HOME, CARGO_*...) are not passed on.
+        assert!(!seen.contains("CARGO") && !seen.contains("HOME="), "{seen}");
+    }
+
+    #[test]
     fn a_missing_python_names_the_flag() {
-        let e = resolve(Path::new("/nonexistent/python"), None, Some("5.1.0".into()))
-            .err()
-            .unwrap();
+        let e = resolve(
+            Path::new("/nonexistent/python"),
+            &[],
+            None,
+            Some("5.1.0".into()),
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.flag, "--airflow-version");
-        let e = resolve(Path::new("/nonexistent/python"), Some("3".into()), None)
-            .err()
-            .unwrap();
+        let e = resolve(
+            Path::new("/nonexistent/python"),
+            &[],
+            Some("3".into()),
+            None,
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.flag, "--edge-provider-version");
     }
 }

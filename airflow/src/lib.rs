@@ -5,6 +5,7 @@
 //! * [`rest_api`] counts task instances per queue and state through the public REST API v2,
 //!   and lists the Edge workers ([`edge_worker_list`]).
 //! * [`backoff`] is the one retry policy both use.
+//! * [`secret_file`] takes credentials from files (or values), the same way in both binaries.
 
 pub mod backoff;
 pub mod edge_client;
@@ -13,5 +14,6 @@ pub mod edge_types;
 pub mod edge_worker_list;
 pub mod error;
 pub mod rest_api;
+pub mod secret_file;
 
 pub use error::ApiError;

@@ -2,11 +2,12 @@
 //! configuration file into the [`Settings`] the Sentinel runs with.
 //!
 //! Secrets never come from the YAML file: the Airflow token or password and the Postgres URL
-//! are read from the environment (or the equivalent flags), and Kubernetes credentials from the
-//! service-account files.
+//! are read from files (`--airflow-token-file` and the like, what the chart mounts) or from
+//! the environment, and Kubernetes credentials from the service-account files.
 
 use crate::config::{Config, ConfigError, PostgresOptions, SourceConfig};
 use airflow::rest_api::RestCredentials;
+use airflow::secret_file::{value_or_file, SecretError};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +54,10 @@ pub struct Flags {
     )]
     pub airflow_token: Option<String>,
 
+    /// File holding the bearer token for Airflow's REST API
+    #[arg(long, env = "ASTRO_SENTINEL_AIRFLOW_TOKEN_FILE", value_name = "PATH")]
+    pub airflow_token_file: Option<PathBuf>,
+
     /// Airflow user that logs in at /auth/token (source airflow-api), with the password below
     #[arg(long, env = "ASTRO_SENTINEL_AIRFLOW_USERNAME", value_name = "USER")]
     pub airflow_username: Option<String>,
@@ -66,6 +71,14 @@ pub struct Flags {
     )]
     pub airflow_password: Option<String>,
 
+    /// File holding the password of --airflow-username
+    #[arg(
+        long,
+        env = "ASTRO_SENTINEL_AIRFLOW_PASSWORD_FILE",
+        value_name = "PATH"
+    )]
+    pub airflow_password_file: Option<PathBuf>,
+
     /// postgres://user:password@host:port/db of the Airflow metadata database (source postgres)
     #[arg(
         long,
@@ -74,6 +87,10 @@ pub struct Flags {
         hide_env_values = true
     )]
     pub postgres_url: Option<String>,
+
+    /// File holding the postgres:// URL of the Airflow metadata database
+    #[arg(long, env = "ASTRO_SENTINEL_POSTGRES_URL_FILE", value_name = "PATH")]
+    pub postgres_url_file: Option<PathBuf>,
 
     /// Kubernetes API server (TokenReview; the workers' Deployments and pods) [default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT]
     #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_API_URL", value_name = "URL")]
@@ -181,22 +198,48 @@ fn non_empty(v: &Option<String>) -> Option<&str> {
     v.as_deref().filter(|s| !s.is_empty())
 }
 
+/// A credential from its file flag or its value (flag or environment), if either is given.
+fn credential(
+    value: &Option<String>,
+    value_flag: &'static str,
+    file: &Option<PathBuf>,
+    file_flag: &'static str,
+) -> Result<Option<String>, ConfigError> {
+    value_or_file(
+        non_empty(value).map(str::to_string),
+        value_flag,
+        file.as_deref(),
+        file_flag,
+    )
+    .map_err(|SecretError { flag, problem }| ConfigError::new(format!("{flag}: {problem}")))
+}
+
 fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSettings, ConfigError> {
     match source {
         SourceConfig::AirflowApi { url } => {
-            let token = non_empty(&flags.airflow_token);
+            let token = credential(
+                &flags.airflow_token,
+                "ASTRO_SENTINEL_AIRFLOW_TOKEN",
+                &flags.airflow_token_file,
+                "--airflow-token-file",
+            )?;
             let username = non_empty(&flags.airflow_username);
-            let password = non_empty(&flags.airflow_password);
+            let password = credential(
+                &flags.airflow_password,
+                "ASTRO_SENTINEL_AIRFLOW_PASSWORD",
+                &flags.airflow_password_file,
+                "--airflow-password-file",
+            )?;
             let credentials = match (token, username, password) {
                 (Some(_), Some(_), _) => {
                     return Err(ConfigError::new(
                         "ASTRO_SENTINEL_AIRFLOW_TOKEN: give either a token or a username and password, not both",
                     ))
                 }
-                (Some(t), None, _) => RestCredentials::Token(t.to_string()),
+                (Some(t), None, _) => RestCredentials::Token(t),
                 (None, Some(u), Some(p)) => RestCredentials::Password {
                     username: u.to_string(),
-                    password: p.to_string(),
+                    password: p,
                 },
                 (None, Some(_), None) => {
                     return Err(ConfigError::new(
@@ -216,11 +259,17 @@ fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSetting
             })
         }
         SourceConfig::Postgres(options) => {
-            let url = non_empty(&flags.postgres_url).ok_or_else(|| {
+            let url = credential(
+                &flags.postgres_url,
+                "ASTRO_SENTINEL_POSTGRES_URL",
+                &flags.postgres_url_file,
+                "--postgres-url-file",
+            )?
+            .ok_or_else(|| {
                 ConfigError::new("ASTRO_SENTINEL_POSTGRES_URL: required with source postgres")
             })?;
             // The parser's messages quote option names, never the password.
-            let connection = tokio_postgres::Config::from_str(url).map_err(|e| {
+            let connection = tokio_postgres::Config::from_str(&url).map_err(|e| {
                 ConfigError::new(format!("ASTRO_SENTINEL_POSTGRES_URL: invalid: {e}"))
             })?;
             if connection.get_hosts().is_empty() {
@@ -288,4 +337,68 @@ fn kubernetes_access(
         token_file: flags.kubernetes_token_file.clone(),
         ca_file: flags.kubernetes_ca_file.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = "
+source:
+  type: airflow-api
+  airflowApi:
+    url: http://airflow:8080
+auth:
+  staticTokensFile: /tokens
+workers:
+  - {name: w, queues: [a]}
+";
+
+    fn settings(args: &[&str]) -> Result<Settings, ConfigError> {
+        let argv = ["astro-sentinel", "--config", "/unused.yaml"]
+            .into_iter()
+            .chain(args.iter().copied());
+        let flags = Flags::try_parse_from(argv).unwrap();
+        Settings::from_parts(Config::parse(CONFIG).unwrap(), &flags, |_| None)
+    }
+
+    #[test]
+    fn credentials_come_from_files_without_their_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "tok\n").unwrap();
+        let s = settings(&["--airflow-token-file", token.to_str().unwrap()]).unwrap();
+        assert!(
+            matches!(&s.source, SourceSettings::AirflowApi { credentials: RestCredentials::Token(t), .. } if t == "tok")
+        );
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pw\n").unwrap();
+        let s = settings(&[
+            "--airflow-username",
+            "admin",
+            "--airflow-password-file",
+            password.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert!(
+            matches!(&s.source, SourceSettings::AirflowApi { credentials: RestCredentials::Password { password, .. }, .. } if password == "pw")
+        );
+    }
+
+    #[test]
+    fn a_file_and_a_value_together_name_the_file_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "tok").unwrap();
+        let e = settings(&[
+            "--airflow-token",
+            "t",
+            "--airflow-token-file",
+            token.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().starts_with("--airflow-token-file: "), "{e}");
+        let e = settings(&["--airflow-token-file", "/nonexistent/token"]).unwrap_err();
+        assert!(e.to_string().starts_with("--airflow-token-file: "), "{e}");
+    }
 }

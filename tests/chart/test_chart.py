@@ -589,11 +589,19 @@ def test_sentinel_worker_list_matches_the_keda_workers(chart, name):
     assert config["source"]["type"] == source
     if source == "airflow-api":
         assert config["source"] == {"type": "airflow-api", "airflowApi": {"url": values["airflow"]["restApi"]["url"]}}
-        assert ("ASTRO_SENTINEL_AIRFLOW_TOKEN" in env) != ("ASTRO_SENTINEL_AIRFLOW_USERNAME" in env)
-        assert ("ASTRO_SENTINEL_AIRFLOW_USERNAME" in env) == ("ASTRO_SENTINEL_AIRFLOW_PASSWORD" in env)
+        assert ("ASTRO_SENTINEL_AIRFLOW_TOKEN_FILE" in env) != ("ASTRO_SENTINEL_AIRFLOW_USERNAME" in env)
+        assert ("ASTRO_SENTINEL_AIRFLOW_USERNAME" in env) == ("ASTRO_SENTINEL_AIRFLOW_PASSWORD_FILE" in env)
+        files = [v for k, v in env.items() if k.endswith("_FILE") and k.startswith("ASTRO_SENTINEL_AIRFLOW_")]
     else:
         assert config["source"]["postgres"]["sslMode"] == values["sentinel"]["source"]["postgres"]["sslMode"]
-        assert "secretKeyRef" in env["ASTRO_SENTINEL_POSTGRES_URL"]["valueFrom"]
+        files = [env["ASTRO_SENTINEL_POSTGRES_URL_FILE"]]
+    # Credentials are files of the projected credentials volume, never environment variables.
+    assert files
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "airflow-credentials"]
+    (vol,) = [v for v in sentinel["spec"]["template"]["spec"]["volumes"] if v["name"] == "airflow-credentials"]
+    paths = {item["path"] for src in vol["projected"]["sources"] for item in src["secret"]["items"]}
+    for f in files:
+        assert f["value"].startswith(mount["mountPath"] + "/") and f["value"].rsplit("/", 1)[1] in paths, f
 
 
 @pytest.mark.parametrize("name", [n for n in VALID_SCENARIOS if load_values(n).get("sentinel", {}).get("enabled")])
@@ -823,10 +831,13 @@ def test_service_monitors(chart, name):
 SECRET_ENV = {
     "ASTRO_AGENT_API_URL": ("edgeApiUrl",),
     "ASTRO_AGENT_EXECUTION_API_URL": ("executionApiUrl",),
-    "ASTRO_AGENT_JWT_SECRET": ("jwtSecret",),
-    "ASTRO_AGENT_REST_API_TOKEN": ("restApi", "token"),
     "ASTRO_AGENT_REST_API_USERNAME": ("restApi", "username"),
-    "ASTRO_AGENT_REST_API_PASSWORD": ("restApi", "password"),
+}
+# Credentials reach the agent as files (a variable would be readable by its tasks).
+SECRET_FILES = {
+    "ASTRO_AGENT_JWT_SECRET_FILE": ("jwtSecret",),
+    "ASTRO_AGENT_REST_API_TOKEN_FILE": ("restApi", "token"),
+    "ASTRO_AGENT_REST_API_PASSWORD_FILE": ("restApi", "password"),
 }
 
 
@@ -859,9 +870,59 @@ def test_secret_settings_reach_the_agent_through_secret_refs(chart, name):
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_credentials_reach_the_agent_as_files_never_as_variables(chart, name):
+    values, workers = effective(name)
+    r = chart.render(scenario(name))
+    for w in workers:
+        deploy = r.get("Deployment", w["deployment"])
+        c = container(deploy, "agent")
+        env = env_of(c)
+        for var in SECRET_FILES:
+            assert var.removesuffix("_FILE") not in env, f"{var} as a variable"
+        given = {var: _setting(values, path) for var, path in SECRET_FILES.items()
+                 if (path[0] != "restApi" or values["airflow"]["restApi"]["url"])
+                 and (_setting(values, path)["value"] or _setting(values, path)["existingSecret"]["name"])}
+        if not given:
+            assert not any(v["name"] == "airflow-credentials" for v in deploy["spec"]["template"]["spec"]["volumes"])
+            continue
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "airflow-credentials"]
+        assert mount["readOnly"] is True
+        (vol,) = [v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == "airflow-credentials"]
+        by_path = {item["path"]: (src["secret"]["name"], item["key"])
+                   for src in vol["projected"]["sources"] for item in src["secret"]["items"]}
+        for var, setting in given.items():
+            directory, file = env[var]["value"].rsplit("/", 1)
+            assert directory == mount["mountPath"]
+            secret_name, key = by_path[file]
+            if setting["existingSecret"]["name"]:
+                assert (secret_name, key) == (setting["existingSecret"]["name"], setting["existingSecret"]["key"])
+            else:
+                secret = r.get("Secret", secret_name)
+                assert base64.b64decode(secret["data"][key]).decode() == setting["value"]
+        assert set(by_path) == {env[var]["value"].rsplit("/", 1)[1] for var in given}
+
+
+def test_tasks_inherit_the_workers_own_variables_and_the_listed_ones(chart):
+    r = chart.render(scenario("hpa"), sets=[
+        "workerDefaults.env[0].name=TEAM_BUCKET", "workerDefaults.env[0].value=b",
+        "workerDefaults.env[1].name=ASTRO_AGENT_HEARTBEAT_INTERVAL", "workerDefaults.env[1].value=10s",
+        "workerDefaults.taskEnvAllow[0]=AWS_*",
+    ])
+    for deploy in r.all("Deployment"):
+        if deploy["spec"]["template"]["metadata"]["labels"].get("component") != "worker":
+            continue
+        env = env_of(container(deploy, "agent"))
+        assert env["ASTRO_AGENT_TASK_ENV_ALLOW"]["value"] == "AWS_*,TEAM_BUCKET"
+    r = chart.render(scenario("hpa"))
+    for deploy in r.all("Deployment"):
+        if deploy["spec"]["template"]["metadata"]["labels"].get("component") == "worker":
+            assert "ASTRO_AGENT_TASK_ENV_ALLOW" not in env_of(container(deploy, "agent"))
+
+
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
 def test_no_secret_value_outside_secrets(chart, name):
     values, _ = effective(name)
-    secrets = [s["value"] for s in (_setting(values, p) for p in SECRET_ENV.values()) if s["value"]
+    secrets = [s["value"] for s in (_setting(values, p) for p in [*SECRET_ENV.values(), *SECRET_FILES.values()]) if s["value"]
                and not s["value"].startswith("http")]
     pg = values["sentinel"]["source"]["postgres"]["url"]["value"]
     if pg:
@@ -979,14 +1040,16 @@ def test_real_sentinel_accepts_the_rendered_config(chart, name, tmp_path):
     (tmp_path / "sa-token").write_text("sa-token\n")
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "ASTRO_SENTINEL_AIRFLOW_TOKEN": "t",
-        "ASTRO_SENTINEL_POSTGRES_URL": "postgres://u:p@127.0.0.1:1/db",
+        "ASTRO_SENTINEL_AIRFLOW_TOKEN_FILE": str(tmp_path / "airflow-token"),
+        "ASTRO_SENTINEL_POSTGRES_URL_FILE": str(tmp_path / "postgres-url"),
         # Stands in for the in-cluster API server the TokenReview mode needs; never contacted here.
         "ASTRO_SENTINEL_KUBERNETES_API_URL": "http://127.0.0.1:1",
         "ASTRO_SENTINEL_KUBERNETES_TOKEN_FILE": str(tmp_path / "sa-token"),
     }
+    (tmp_path / "airflow-token").write_text("t\n")
+    (tmp_path / "postgres-url").write_text("postgres://u:p@127.0.0.1:1/db\n")
     if values["sentinel"]["source"]["type"] == "airflow-api":
-        env.pop("ASTRO_SENTINEL_POSTGRES_URL")
+        env.pop("ASTRO_SENTINEL_POSTGRES_URL_FILE")
     # The log format the chart sets (json by default): the binary takes it and every line is JSON.
     rendered_env = env_of(container(chart.render(scenario(name)).get("Deployment", f"{values['resourceNamePrefix']}-sentinel"), "sentinel"))
     log_format = rendered_env["ASTRO_SENTINEL_LOG_FORMAT"]["value"]

@@ -173,22 +173,49 @@ Secret-or-value settings: {value, existingSecret: {name, key}}.
 {{- end -}}
 
 {{/*
-One env entry reading a secret-or-value setting, as JSON, or "" when the setting is empty
-(dict "ctx" $ "env" NAME "ref" $setting "key" CHART_KEY "path" VALUE_PATH): from the user's Secret
-when existingSecret.name is set, else from the chart's <prefix>-airflow Secret.
+Where a secret-or-value setting lives, as JSON {"name", "key"}, or "" when the setting is empty
+(dict "ctx" $ "ref" $setting "key" CHART_KEY "path" VALUE_PATH): the user's Secret when
+existingSecret.name is set, else the chart's <prefix>-airflow Secret.
 */}}
-{{- define "astro-agent.secretEnv" -}}
+{{- define "astro-agent.secretSelector" -}}
 {{- $ref := .ref -}}
-{{- $sel := dict -}}
 {{- if and $ref.existingSecret $ref.existingSecret.name -}}
 {{- $key := required (printf "%s.existingSecret.key must be set together with %s.existingSecret.name" .path .path) $ref.existingSecret.key -}}
-{{- $sel = dict "name" $ref.existingSecret.name "key" $key -}}
+{{- toJson (dict "name" $ref.existingSecret.name "key" $key) -}}
 {{- else if $ref.value -}}
-{{- $sel = dict "name" (include "astro-agent.airflowSecretName" .ctx) "key" .key -}}
+{{- toJson (dict "name" (include "astro-agent.airflowSecretName" .ctx) "key" .key) -}}
 {{- end -}}
-{{- if $sel -}}
-{{- toJson (dict "name" .env "valueFrom" (dict "secretKeyRef" $sel)) -}}
 {{- end -}}
+
+{{/*
+One env entry reading a secret-or-value setting, as JSON, or "" when the setting is empty
+(dict "ctx" $ "env" NAME "ref" $setting "key" CHART_KEY "path" VALUE_PATH). For settings that
+are not credentials (URLs, user names): credentials go in files (astro-agent.secretFiles).
+*/}}
+{{- define "astro-agent.secretEnv" -}}
+{{- with include "astro-agent.secretSelector" . -}}
+{{- toJson (dict "name" $.env "valueFrom" (dict "secretKeyRef" (fromJson .))) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Credentials as files, never as environment variables: the environment of a process is
+readable by every process of its user that it starts, and a container's PID 1 keeps it.
+(dict "dir" MOUNT_DIR "items" (list (dict "ctx" $ "env" FILE_FLAG_ENV "ref" $setting "key"
+CHART_KEY "path" VALUE_PATH) ...)) returns JSON {"env": [FILE_FLAG_ENV=<dir>/<key>, ...],
+"sources": [projected volume sources]}; both lists are empty when no setting is given.
+*/}}
+{{- define "astro-agent.secretFiles" -}}
+{{- $env := list -}}
+{{- $sources := list -}}
+{{- range $f := .items -}}
+{{- with include "astro-agent.secretSelector" $f -}}
+{{- $sel := fromJson . -}}
+{{- $env = append $env (dict "name" $f.env "value" (printf "%s/%s" $.dir $f.key)) -}}
+{{- $sources = append $sources (dict "secret" (dict "name" $sel.name "items" (list (dict "key" $sel.key "path" $f.key)))) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (dict "env" $env "sources" $sources) -}}
 {{- end -}}
 
 {{/* A list of env entries from a list of secretEnv arguments, as JSON {"env": [...]}. */}}
