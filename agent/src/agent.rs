@@ -52,6 +52,7 @@ pub async fn run(config: Config, versions: Versions) -> anyhow::Result<()> {
         &config.api_url,
         EdgeTokenSigner::new(config.jwt_secret.expose()),
         Box::new(EdgeCallMetrics(metrics.clone())),
+        config.ca.as_ref(),
     )
     .context("building the HTTP client")?;
     let spawner = TaskSpawner::new(

@@ -148,6 +148,10 @@ pub struct Flags {
         hide_env_values = true
     )]
     pub rest_api_password: Option<String>,
+
+    /// PEM file of a private CA to trust for https Edge and REST API URLs, besides the built-in roots
+    #[arg(long, env = "ASTRO_AGENT_CA_FILE", value_name = "PATH")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Where queue statistics come from, when they are on.
@@ -176,6 +180,8 @@ pub struct Config {
     pub drain_timeout: Option<Duration>,
     pub launch_mode: LaunchMode,
     pub rest_api: Option<RestApiConfig>,
+    /// Trusted for https Airflow besides the built-in roots.
+    pub ca: Option<airflow::trusted_ca::TrustedCa>,
 }
 
 /// Bytes that must never be printed.
@@ -337,6 +343,14 @@ impl Flags {
             }
         };
 
+        let ca = match &self.ca_file {
+            Some(path) => Some(
+                airflow::trusted_ca::TrustedCa::from_pem_file(path)
+                    .map_err(|problem| err("--ca-file", problem))?,
+            ),
+            None => None,
+        };
+
         Ok(Config {
             api_url,
             jwt_secret: Secret(jwt_secret),
@@ -354,6 +368,7 @@ impl Flags {
             drain_timeout: self.drain_timeout,
             launch_mode: self.launch_mode,
             rest_api,
+            ca,
         })
     }
 }
@@ -433,6 +448,7 @@ mod tests {
             ),
             (&["--rest-api-url", "ftp://x"], "--rest-api-url"),
             (&["--worker-name", "a/b"], "--worker-name"),
+            (&["--ca-file", "/nonexistent/ca.pem"], "--ca-file"),
         ];
         for (args, flag) in cases {
             let e = validate(args).unwrap_err();

@@ -4,6 +4,7 @@
 //!   provider serves: register, heartbeat, fetch jobs, report job states, push logs.
 //! * [`rest_api`] counts task instances per queue and state through the public REST API v2.
 //! * [`backoff`] is the one retry policy both use.
+//! * [`trusted_ca`] adds a private CA (`--ca-file`) to both clients.
 
 pub mod backoff;
 pub mod edge_client;
@@ -11,5 +12,6 @@ pub mod edge_token;
 pub mod edge_types;
 pub mod error;
 pub mod rest_api;
+pub mod trusted_ca;
 
 pub use error::ApiError;

@@ -6,6 +6,7 @@
 //! username and password and obtained again whenever the server answers 401.
 
 use crate::error::{check_status, send, truncate_body, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::trusted_ca::{trusting, TrustedCa};
 use serde::Deserialize;
 use std::collections::HashMap;
 use tokio::sync::Mutex;
@@ -88,8 +89,9 @@ impl RestApiClient {
         base: &Url,
         credentials: RestCredentials,
         user_agent: &str,
+        ca: Option<&TrustedCa>,
     ) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        let http = trusting(reqwest::Client::builder(), ca)
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(user_agent)
