@@ -390,11 +390,12 @@ fn postgres_options(raw: RawPostgres) -> Result<PostgresOptions, ConfigError> {
              needs the CA that signed it: set caFile to its PEM file, or to `system` for the \
              system's trusted roots (with verify-full), or choose a weaker sslMode"
         ))),
-        (SslMode::VerifyFull, _) | (_, None) => Ok(PostgresOptions { ssl_mode, ca }),
-        (_, Some(PostgresCa::System)) => Err(ConfigError::new(format!(
-            "source.postgres.caFile: `system` needs sslMode verify-full (as in libpq), got {ssl_mode}"
-        ))),
-        (_, Some(PostgresCa::File(_))) => Ok(PostgresOptions { ssl_mode, ca }),
+        (mode, Some(PostgresCa::System)) if mode != SslMode::VerifyFull => {
+            Err(ConfigError::new(format!(
+                "source.postgres.caFile: `system` needs sslMode verify-full (as in libpq), got {mode}"
+            )))
+        }
+        _ => Ok(PostgresOptions { ssl_mode, ca }),
     }
 }
 
