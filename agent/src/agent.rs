@@ -57,6 +57,7 @@ pub async fn run(
         &config.api_url,
         EdgeTokenSigner::new(config.jwt_secret.expose()),
         Box::new(EdgeCallMetrics(metrics.clone())),
+        config.ca.as_ref(),
     )
     .context("building the HTTP client")?;
     let spawner = TaskSpawner::new(

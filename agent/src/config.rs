@@ -171,6 +171,9 @@ pub struct Flags {
         value_delimiter = ','
     )]
     pub task_env_allow: Vec<String>,
+    /// PEM file of a private CA to trust for https Edge and REST API URLs, besides the built-in roots
+    #[arg(long, env = "ASTRO_AGENT_CA_FILE", value_name = "PATH")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Where queue statistics come from, when they are on.
@@ -201,6 +204,8 @@ pub struct Config {
     pub rest_api: Option<RestApiConfig>,
     /// Environment variables tasks inherit besides the built-in allowlist.
     pub task_env_allow: Vec<EnvPattern>,
+    /// Trusted for https Airflow besides the built-in roots.
+    pub ca: Option<airflow::trusted_ca::TrustedCa>,
 }
 
 /// Bytes that must never be printed.
@@ -381,6 +386,13 @@ impl Flags {
             .filter(|name| !name.trim().is_empty())
             .map(|name| EnvPattern::parse(name.trim()).map_err(|e| err("--task-env-allow", e)))
             .collect::<Result<Vec<_>, _>>()?;
+        let ca = match &self.ca_file {
+            Some(path) => Some(
+                airflow::trusted_ca::TrustedCa::from_pem_file(path)
+                    .map_err(|problem| err("--ca-file", problem))?,
+            ),
+            None => None,
+        };
 
         Ok(Config {
             api_url,
@@ -400,6 +412,7 @@ impl Flags {
             launch_mode: self.launch_mode,
             rest_api,
             task_env_allow,
+            ca,
         })
     }
 }
@@ -479,6 +492,7 @@ mod tests {
             ),
             (&["--rest-api-url", "ftp://x"], "--rest-api-url"),
             (&["--worker-name", "a/b"], "--worker-name"),
+            (&["--ca-file", "/nonexistent/ca.pem"], "--ca-file"),
         ];
         for (args, flag) in cases {
             let e = validate(args).unwrap_err();

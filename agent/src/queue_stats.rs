@@ -26,6 +26,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         &rest.url,
         rest.credentials.clone(),
         concat!("astro-agent/", env!("CARGO_PKG_VERSION")),
+        ctx.config.ca.as_ref(),
     ) {
         Ok(c) => c,
         Err(e) => {

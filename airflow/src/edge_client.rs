@@ -11,6 +11,7 @@ use crate::edge_types::{
     TaskKey, WorkerStateBody,
 };
 use crate::error::{check_status, malformed, send, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::trusted_ca::{trusting, TrustedCa};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -52,6 +53,7 @@ impl EdgeClient {
         base: &Url,
         signer: EdgeTokenSigner,
         observer: Box<dyn CallObserver>,
+        ca: Option<&TrustedCa>,
     ) -> Result<Self, reqwest::Error> {
         let mut base = base.clone();
         // Url::join and path_segments_mut treat a trailing slash as an empty last segment.
@@ -59,7 +61,7 @@ impl EdgeClient {
             let trimmed = base.path().trim_end_matches('/').to_string();
             base.set_path(&trimmed);
         }
-        let http = reqwest::Client::builder()
+        let http = trusting(reqwest::Client::builder(), ca)
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("astro-agent/", env!("CARGO_PKG_VERSION")))

@@ -6,8 +6,9 @@ use std::time::Duration;
 /// caller whether trying again can help.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// The server could not be reached or the connection broke (includes timeouts).
-    #[error("{call}: transport error: {source}")]
+    /// The server could not be reached or the connection broke (includes timeouts, and TLS
+    /// failures such as an unknown certificate issuer: the causes are part of the message).
+    #[error("{call}: transport error: {}", with_causes(source))]
     Transport {
         call: &'static str,
         #[source]
@@ -99,4 +100,20 @@ pub(crate) fn truncate_body(body: &str) -> String {
         end -= 1;
     }
     format!("{}…", body[..end].trim())
+}
+
+/// An error with its causes, `: `-separated: reqwest's own message ("error sending request
+/// for url …") leaves out the cause that matters, such as an unknown certificate issuer.
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let part = c.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = c.source();
+    }
+    text
 }

@@ -6,6 +6,7 @@
 //!   and lists the Edge workers ([`edge_worker_list`]).
 //! * [`backoff`] is the one retry policy both use.
 //! * [`secret_file`] takes credentials from files (or values), the same way in both binaries.
+//! * [`trusted_ca`] adds a private CA (`--ca-file`) to both clients.
 
 pub mod backoff;
 pub mod edge_client;
@@ -15,5 +16,6 @@ pub mod edge_worker_list;
 pub mod error;
 pub mod rest_api;
 pub mod secret_file;
+pub mod trusted_ca;
 
 pub use error::ApiError;

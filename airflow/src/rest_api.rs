@@ -7,6 +7,7 @@
 
 use crate::edge_worker_list::ListedEdgeWorker;
 use crate::error::{check_status, malformed, send, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::trusted_ca::{trusting, TrustedCa};
 use serde::Deserialize;
 use std::collections::HashMap;
 use tokio::sync::Mutex;
@@ -95,8 +96,9 @@ impl RestApiClient {
         base: &Url,
         credentials: RestCredentials,
         user_agent: &str,
+        ca: Option<&TrustedCa>,
     ) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        let http = trusting(reqwest::Client::builder(), ca)
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(user_agent)

@@ -91,7 +91,7 @@ async fn counts_queued_and_running_with_limit_zero() {
         username: "u".into(),
         password: "p".into(),
     };
-    let client = RestApiClient::new(&url, creds, "rest-api-test").unwrap();
+    let client = RestApiClient::new(&url, creds, "rest-api-test", None).unwrap();
     let counts = client.queue_counts("high prio").await.unwrap();
     assert_eq!(
         counts,
@@ -117,7 +117,7 @@ async fn a_401_logs_in_again_once() {
         username: "u".into(),
         password: "p".into(),
     };
-    let client = RestApiClient::new(&url, creds, "rest-api-test").unwrap();
+    let client = RestApiClient::new(&url, creds, "rest-api-test", None).unwrap();
     client.count("default", &["queued"]).await.unwrap();
     // The server rotates its secret: the old token is refused.
     server.lock().unwrap().valid_token = "rotated".into();
@@ -136,6 +136,7 @@ async fn a_fixed_token_is_not_renewed_and_errors_are_typed() {
         &url,
         RestCredentials::Token("fixed".into()),
         "rest-api-test",
+        None,
     )
     .unwrap();
     assert_eq!(client.count("default", &["running"]).await.unwrap(), 2);
@@ -160,8 +161,13 @@ async fn an_unreachable_server_is_a_retryable_transport_error() {
         .unwrap()
         .port();
     let url: url::Url = format!("http://127.0.0.1:{port}").parse().unwrap();
-    let client =
-        RestApiClient::new(&url, RestCredentials::Token("t".into()), "rest-api-test").unwrap();
+    let client = RestApiClient::new(
+        &url,
+        RestCredentials::Token("t".into()),
+        "rest-api-test",
+        None,
+    )
+    .unwrap();
     let e = client.count("default", &["queued"]).await.unwrap_err();
     assert!(e.is_retryable(), "{e}");
     assert!(

@@ -13,6 +13,7 @@
 use crate::backlog_source::{BacklogSource, QueueOutcome};
 use airflow::edge_worker_list::ListedEdgeWorker;
 use airflow::rest_api::{QueueCounts, RestApiClient, RestCredentials};
+use airflow::trusted_ca::TrustedCa;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use prometheus::IntCounter;
@@ -37,11 +38,13 @@ impl AirflowApiSource {
         base: &Url,
         credentials: RestCredentials,
         requests: IntCounter,
+        ca: Option<&TrustedCa>,
     ) -> Result<Self, String> {
         let client = RestApiClient::new(
             base,
             credentials,
             concat!("astro-sentinel/", env!("CARGO_PKG_VERSION")),
+            ca,
         )
         .map_err(|e| format!("cannot build the REST API client: {e}"))?;
         Ok(AirflowApiSource {

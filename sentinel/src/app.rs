@@ -85,11 +85,15 @@ pub fn build_source(
     metrics: &Metrics,
 ) -> Result<Arc<dyn BacklogSource>, StartError> {
     match source {
-        SourceSettings::AirflowApi { url, credentials } => {
+        SourceSettings::AirflowApi {
+            url,
+            credentials,
+            ca,
+        } => {
             let requests = metrics
                 .upstream_requests
                 .with_label_values(&["airflow-api"]);
-            let s = AirflowApiSource::new(url, credentials.clone(), requests)
+            let s = AirflowApiSource::new(url, credentials.clone(), requests, ca.as_ref())
                 .map_err(StartError::Runtime)?;
             Ok(Arc::new(s))
         }

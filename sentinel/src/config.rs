@@ -69,8 +69,24 @@ pub enum SourceConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostgresOptions {
     pub ssl_mode: SslMode,
-    pub ca_file: Option<PathBuf>,
+    /// What the server's certificate must chain to (libpq's `sslrootcert`); always set for
+    /// `verify-ca` and `verify-full`.
+    pub ca: Option<PostgresCa>,
 }
+
+/// libpq's `sslrootcert`: a PEM file, or `system` for the operating system's trusted roots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostgresCa {
+    File(PathBuf),
+    System,
+}
+
+/// As libpq spells it: `sslrootcert=system`.
+const SYSTEM_CA: &str = "system";
+
+/// Certificates are checked unless the file says otherwise: the database holds credentials
+/// and the backlog that scaling acts on.
+pub const DEFAULT_SSL_MODE: SslMode = SslMode::VerifyFull;
 
 /// libpq's `sslmode` values, with libpq's meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -81,6 +97,25 @@ pub enum SslMode {
     Require,
     VerifyCa,
     VerifyFull,
+}
+
+impl SslMode {
+    /// The spelling of the YAML file and of libpq.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,7 +213,7 @@ struct RawAirflowApi {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawPostgres {
     ssl_mode: Option<SslMode>,
-    ca_file: Option<PathBuf>,
+    ca_file: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -333,13 +368,34 @@ fn validate_source(raw: Option<RawSource>) -> Result<SourceConfig, ConfigError> 
             }
             Ok(SourceConfig::AirflowApi { url: parsed })
         }
-        SourceKind::Postgres => {
-            let pg = raw.postgres.unwrap_or_default();
-            Ok(SourceConfig::Postgres(PostgresOptions {
-                ssl_mode: pg.ssl_mode.unwrap_or(SslMode::Prefer),
-                ca_file: pg.ca_file,
-            }))
+        SourceKind::Postgres => Ok(SourceConfig::Postgres(postgres_options(
+            raw.postgres.unwrap_or_default(),
+        )?)),
+    }
+}
+
+/// libpq's rules: `verify-ca` and `verify-full` need a root certificate, and
+/// `sslrootcert=system` is only accepted with `verify-full`. Unlike libpq there is no
+/// `~/.postgresql/root.crt` default: a container has no such home file, so the CA is named.
+fn postgres_options(raw: RawPostgres) -> Result<PostgresOptions, ConfigError> {
+    let ssl_mode = raw.ssl_mode.unwrap_or(DEFAULT_SSL_MODE);
+    let ca = match raw.ca_file.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(SYSTEM_CA) => Some(PostgresCa::System),
+        Some(path) => Some(PostgresCa::File(PathBuf::from(path))),
+    };
+    match (ssl_mode, &ca) {
+        (SslMode::VerifyCa | SslMode::VerifyFull, None) => Err(ConfigError::new(format!(
+            "source.postgres.caFile: sslMode {ssl_mode} checks the server's certificate and \
+             needs the CA that signed it: set caFile to its PEM file, or to `system` for the \
+             system's trusted roots (with verify-full), or choose a weaker sslMode"
+        ))),
+        (mode, Some(PostgresCa::System)) if mode != SslMode::VerifyFull => {
+            Err(ConfigError::new(format!(
+                "source.postgres.caFile: `system` needs sslMode verify-full (as in libpq), got {mode}"
+            )))
         }
+        _ => Ok(PostgresOptions { ssl_mode, ca }),
     }
 }
 
@@ -611,7 +667,7 @@ source:
   airflowApi:
     url: http://airflow-api-server:8080
   postgres:
-    sslMode: prefer
+    sslMode: verify-full
     caFile: /path/ca.crt
 auth:
   disabled: false
@@ -728,17 +784,18 @@ workers:
             .unwrap_err()
             .0;
         assert!(e.contains("source.airflowApi.url"), "{e}");
-        let e = Config::parse("source: {type: postgres}\n").unwrap_err().0;
+        const PG: &str = "source: {type: postgres, postgres: {sslMode: disable}}";
+        let e = Config::parse(&format!("{PG}\n")).unwrap_err().0;
         assert!(e.starts_with("auth"), "{e}");
-        let e = Config::parse(
-            "source: {type: postgres}\nauth: {tokenReview: {allowedUsernames: []}}\n",
-        )
+        let e = Config::parse(&format!(
+            "{PG}\nauth: {{tokenReview: {{allowedUsernames: []}}}}\n"
+        ))
         .unwrap_err()
         .0;
         assert!(e.contains("allowedUsernames"), "{e}");
-        let e = Config::parse(
-            "source: {type: postgres}\nauth: {tokenReview: {allowedUsernames: [u], audiences: [\" x\"]}}\n",
-        )
+        let e = Config::parse(&format!(
+            "{PG}\nauth: {{tokenReview: {{allowedUsernames: [u], audiences: [\" x\"]}}}}\n"
+        ))
         .unwrap_err()
         .0;
         assert!(e.contains("auth.tokenReview.audiences"), "{e}");
@@ -770,14 +827,53 @@ workers:
 
     #[test]
     fn auth_off_only_when_explicit() {
-        let c = Config::parse("source: {type: postgres}\nauth: {disabled: true}\n").unwrap();
+        let c = Config::parse(
+            "source: {type: postgres, postgres: {sslMode: disable}}\nauth: {disabled: true}\n",
+        )
+        .unwrap();
         assert!(c.auth.disabled);
-        assert_eq!(
-            c.source,
-            SourceConfig::Postgres(PostgresOptions {
-                ssl_mode: SslMode::Prefer,
-                ca_file: None
-            })
+    }
+
+    fn postgres(options: &str) -> Result<PostgresOptions, String> {
+        let yaml = format!("source: {{type: postgres, postgres: {options}}}\n{BASE_AUTH}");
+        match Config::parse(&yaml) {
+            Ok(c) => match c.source {
+                SourceConfig::Postgres(o) => Ok(o),
+                other => panic!("{other:?}"),
+            },
+            Err(e) => Err(e.0),
+        }
+    }
+
+    const BASE_AUTH: &str = "auth: {disabled: true}\n";
+
+    #[test]
+    fn postgres_checks_certificates_by_default_and_needs_a_ca_for_it() {
+        let e = postgres("{}").unwrap_err();
+        assert!(
+            e.starts_with("source.postgres.caFile:") && e.contains("verify-full"),
+            "{e}"
         );
+        assert_eq!(
+            postgres("{caFile: /ca.pem}").unwrap(),
+            PostgresOptions {
+                ssl_mode: SslMode::VerifyFull,
+                ca: Some(PostgresCa::File("/ca.pem".into())),
+            }
+        );
+        assert_eq!(
+            postgres("{caFile: system}").unwrap().ca,
+            Some(PostgresCa::System)
+        );
+        let e = postgres("{sslMode: verify-ca}").unwrap_err();
+        assert!(e.contains("caFile") && e.contains("verify-ca"), "{e}");
+        let e = postgres("{sslMode: verify-ca, caFile: system}").unwrap_err();
+        assert!(e.contains("caFile") && e.contains("verify-full"), "{e}");
+        let e = postgres("{sslMode: require, caFile: system}").unwrap_err();
+        assert!(e.contains("caFile"), "{e}");
+        for weaker in ["disable", "prefer", "require"] {
+            let o = postgres(&format!("{{sslMode: {weaker}}}")).unwrap();
+            assert_eq!((o.ssl_mode.as_str(), o.ca), (weaker, None));
+        }
     }
 }

@@ -22,6 +22,7 @@ pub mod history;
 pub mod metrics;
 pub mod postgres_source;
 pub mod postgres_tls;
+pub mod postgres_url;
 pub mod readiness;
 pub mod refresh_loop;
 pub mod replica_metrics;

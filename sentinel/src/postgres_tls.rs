@@ -1,16 +1,17 @@
 //! TLS for the Postgres source, with libpq's `sslmode` meanings on top of rustls:
 //!
-//! | sslMode       | TLS                 | certificate checked                              |
-//! | ------------- | ------------------- | ------------------------------------------------ |
-//! | `disable`     | never               | –                                                |
-//! | `prefer`      | if the server has it| no                                               |
+//! | sslMode       | TLS                 | certificate checked                                |
+//! | ------------- | ------------------- | -------------------------------------------------- |
+//! | `disable`     | never               | –                                                  |
+//! | `prefer`      | if the server has it| no                                                 |
 //! | `require`     | always              | no; chain only (like verify-ca) when caFile is set |
-//! | `verify-ca`   | always              | chain against caFile (or the Mozilla roots)      |
-//! | `verify-full` | always              | chain and host name                              |
+//! | `verify-ca`   | always              | chain against caFile                               |
+//! | `verify-full` | always              | chain against caFile (or the system's roots) and host name |
 //!
+//! The configuration guarantees a CA for the verify modes (see `config::postgres_options`).
 //! The crypto provider is passed explicitly (ring), so nothing depends on a process default.
 
-use crate::config::{PostgresOptions, SslMode};
+use crate::config::{PostgresCa, PostgresOptions, SslMode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
@@ -38,7 +39,7 @@ pub fn postgres_tls(options: &PostgresOptions) -> Result<PostgresTls, String> {
     let (verifier, mode): (Arc<dyn ServerCertVerifier>, PgMode) = match options.ssl_mode {
         SslMode::Disable => return Ok(PostgresTls::Plain),
         SslMode::Prefer => (Arc::new(NoVerification(provider.clone())), PgMode::Prefer),
-        SslMode::Require if options.ca_file.is_none() => {
+        SslMode::Require if options.ca.is_none() => {
             (Arc::new(NoVerification(provider.clone())), PgMode::Require)
         }
         SslMode::Require | SslMode::VerifyCa => (
@@ -60,11 +61,36 @@ pub fn postgres_tls(options: &PostgresOptions) -> Result<PostgresTls, String> {
 }
 
 fn load_roots(options: &PostgresOptions) -> Result<RootCertStore, String> {
-    let Some(path) = &options.ca_file else {
-        return Ok(RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        });
-    };
+    match &options.ca {
+        Some(PostgresCa::File(path)) => load_ca_file(path),
+        Some(PostgresCa::System) => load_system_roots(),
+        None => Err(format!(
+            "source.postgres.caFile: needed to check certificates with sslMode {}",
+            options.ssl_mode
+        )),
+    }
+}
+
+/// libpq's `sslrootcert=system`: the roots the operating system trusts (OpenSSL's default
+/// paths, `SSL_CERT_FILE` / `SSL_CERT_DIR` included), not a bundle compiled into the binary.
+fn load_system_roots() -> Result<RootCertStore, String> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _unusable) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found
+            .errors
+            .first()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        return Err(format!(
+            "source.postgres.caFile: system: no trusted root certificate found on this system{why}"
+        ));
+    }
+    Ok(roots)
+}
+
+fn load_ca_file(path: &std::path::Path) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("source.postgres.caFile {}: {e}", path.display()))?;
@@ -197,7 +223,7 @@ mod tests {
     fn opts(mode: SslMode, ca: Option<PathBuf>) -> PostgresOptions {
         PostgresOptions {
             ssl_mode: mode,
-            ca_file: ca,
+            ca: ca.map(PostgresCa::File),
         }
     }
 
@@ -211,13 +237,15 @@ mod tests {
         for (mode, expected) in [
             (SslMode::Prefer, Pg::Prefer),
             (SslMode::Require, Pg::Require),
-            (SslMode::VerifyCa, Pg::Require),
-            (SslMode::VerifyFull, Pg::Require),
         ] {
             match postgres_tls(&opts(mode, None)) {
                 Ok(PostgresTls::Rustls { mode, .. }) => assert_eq!(mode, expected),
                 _ => panic!("{mode:?}"),
             }
+        }
+        for mode in [SslMode::VerifyCa, SslMode::VerifyFull] {
+            let err = postgres_tls(&opts(mode, None)).err().expect("refused");
+            assert!(err.starts_with("source.postgres.caFile:"), "{err}");
         }
     }
 

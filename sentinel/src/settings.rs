@@ -5,9 +5,11 @@
 //! are read from files (`--airflow-token-file` and the like, what the chart mounts) or from
 //! the environment, and Kubernetes credentials from the service-account files.
 
-use crate::config::{Config, ConfigError, PostgresOptions, SourceConfig};
+use crate::config::{Config, ConfigError, PostgresCa, PostgresOptions, SourceConfig};
+use crate::postgres_url;
 use airflow::rest_api::RestCredentials;
 use airflow::secret_file::{value_or_file, SecretError};
+use airflow::trusted_ca::TrustedCa;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -79,6 +81,10 @@ pub struct Flags {
     )]
     pub airflow_password_file: Option<PathBuf>,
 
+    /// PEM file of a private CA to trust for an https Airflow API, besides the built-in roots (source airflow-api)
+    #[arg(long, env = "ASTRO_SENTINEL_CA_FILE", value_name = "PATH")]
+    pub ca_file: Option<PathBuf>,
+
     /// postgres://user:password@host:port/db of the Airflow metadata database (source postgres)
     #[arg(
         long,
@@ -122,6 +128,8 @@ pub enum SourceSettings {
     AirflowApi {
         url: Url,
         credentials: RestCredentials,
+        /// Trusted besides the built-in roots.
+        ca: Option<TrustedCa>,
     },
     Postgres {
         connection: tokio_postgres::Config,
@@ -132,10 +140,15 @@ pub enum SourceSettings {
 impl std::fmt::Debug for SourceSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SourceSettings::AirflowApi { url, credentials } => f
+            SourceSettings::AirflowApi {
+                url,
+                credentials,
+                ca,
+            } => f
                 .debug_struct("AirflowApi")
                 .field("url", &url.as_str())
                 .field("credentials", credentials)
+                .field("ca", &ca.as_ref().map(TrustedCa::path))
                 .finish(),
             // tokio_postgres::Config's Debug hides the password.
             SourceSettings::Postgres {
@@ -253,9 +266,17 @@ fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSetting
                     ))
                 }
             };
+            let ca = match &flags.ca_file {
+                Some(path) => Some(
+                    TrustedCa::from_pem_file(path)
+                        .map_err(|e| ConfigError::new(format!("--ca-file: {e}")))?,
+                ),
+                None => None,
+            };
             Ok(SourceSettings::AirflowApi {
                 url: url.clone(),
                 credentials,
+                ca,
             })
         }
         SourceConfig::Postgres(options) => {
@@ -268,16 +289,13 @@ fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSetting
             .ok_or_else(|| {
                 ConfigError::new("ASTRO_SENTINEL_POSTGRES_URL: required with source postgres")
             })?;
-            // The parser's messages quote option names, never the password.
-            let connection = tokio_postgres::Config::from_str(&url).map_err(|e| {
-                ConfigError::new(format!("ASTRO_SENTINEL_POSTGRES_URL: invalid: {e}"))
-            })?;
-            if connection.get_hosts().is_empty() {
+            if flags.ca_file.is_some() {
                 return Err(ConfigError::new(
-                    "ASTRO_SENTINEL_POSTGRES_URL: no host (postgres://user:password@host:port/db)",
+                    "--ca-file: is for source airflow-api; the database's CA is source.postgres.caFile",
                 ));
             }
-            if let Some(ca) = &options.ca_file {
+            let connection = postgres_url::parse(url, options.ssl_mode)?;
+            if let Some(PostgresCa::File(ca)) = &options.ca {
                 if !ca.is_file() {
                     return Err(ConfigError::new(format!(
                         "source.postgres.caFile: {} is not a readable file",

@@ -20,6 +20,7 @@ fn source(
         &url,
         RestCredentials::Token("airflow-token".into()),
         requests.clone(),
+        None,
     )
     .unwrap()
     .with_budget(budget);

@@ -113,15 +113,41 @@ fn missing_flags_and_secrets_exit_2() {
 
     let pg = dir.file(
         "pg.yaml",
-        "source: {type: postgres}\nauth: {disabled: true}\n",
+        "source: {type: postgres, postgres: {sslMode: disable}}\nauth: {disabled: true}\n",
     );
     let (code, stderr) = run(&mut sentinel(&pg));
     assert_eq!(code, 2);
     assert!(stderr.contains("ASTRO_SENTINEL_POSTGRES_URL"), "{stderr}");
 
+    // Certificates are checked by default, so a CA must be named.
+    let unchecked = dir.file(
+        "pg-default.yaml",
+        "source: {type: postgres}\nauth: {disabled: true}\n",
+    );
+    let (code, stderr) = run(sentinel(&unchecked).env(
+        "ASTRO_SENTINEL_POSTGRES_URL",
+        "postgres://u:p@127.0.0.1:9/db",
+    ));
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("source.postgres.caFile") && stderr.contains("verify-full"),
+        "{stderr}"
+    );
+    // A URL that weakens the file's sslMode is refused, not silently overridden.
+    let (code, stderr) = run(sentinel(&pg).env(
+        "ASTRO_SENTINEL_POSTGRES_URL",
+        "postgres://u:p@127.0.0.1:9/db?sslmode=require",
+    ));
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("sslmode=require conflicts with source.postgres.sslMode disable"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(":p@"), "the password leaked: {stderr}");
+
     let tr = dir.file(
         "tr.yaml",
-        "source: {type: postgres}\nauth: {tokenReview: {allowedUsernames: [a]}}\n",
+        "source: {type: postgres, postgres: {sslMode: disable}}\nauth: {tokenReview: {allowedUsernames: [a]}}\n",
     );
     let (code, stderr) = run(sentinel(&tr).env(
         "ASTRO_SENTINEL_POSTGRES_URL",
@@ -132,7 +158,7 @@ fn missing_flags_and_secrets_exit_2() {
 
     let tokens_missing = dir.file(
         "st.yaml",
-        "source: {type: postgres}\nauth: {staticTokensFile: /nonexistent/tokens}\n",
+        "source: {type: postgres, postgres: {sslMode: disable}}\nauth: {staticTokensFile: /nonexistent/tokens}\n",
     );
     let (code, stderr) = run(sentinel(&tokens_missing)
         .env(

@@ -604,6 +604,32 @@ def test_sentinel_worker_list_matches_the_keda_workers(chart, name):
         assert f["value"].startswith(mount["mountPath"] + "/") and f["value"].rsplit("/", 1)[1] in paths, f
 
 
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_airflow_ca_reaches_the_agents_and_the_sentinel_as_a_file(chart, name):
+    values, _ = effective(name)
+    ca = values["airflow"]["caCertificate"]
+    r = chart.render(scenario(name))
+    prefix = values["resourceNamePrefix"]
+    pods = [(d, "agent", "ASTRO_AGENT_CA_FILE") for d in r.all("Deployment")
+            if d["metadata"]["name"].startswith(f"{prefix}-worker-")]
+    if values["sentinel"]["enabled"] and values["sentinel"]["source"]["type"] == "airflow-api":
+        pods.append((r.get("Deployment", f"{prefix}-sentinel"), "sentinel", "ASTRO_SENTINEL_CA_FILE"))
+    assert pods
+    for deploy, container_name, var in pods:
+        c = container(deploy, container_name)
+        env = env_of(c)
+        volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+        if not ca["configMapName"]:
+            assert var not in env and "airflow-ca" not in volumes
+            continue
+        folder, file_name = env[var]["value"].rsplit("/", 1)
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == folder]
+        assert mount["readOnly"] is True
+        volume = volumes[mount["name"]]
+        assert volume["configMap"]["name"] == ca["configMapName"]
+        assert volume["configMap"]["items"] == [{"key": ca["key"], "path": file_name}]
+
+
 @pytest.mark.parametrize("name", [n for n in VALID_SCENARIOS if load_values(n).get("sentinel", {}).get("enabled")])
 def test_sentinel_history_file_lives_on_its_volume(chart, name):
     values, _ = effective(name)

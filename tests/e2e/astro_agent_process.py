@@ -44,7 +44,10 @@ class AstroAgent:
         heartbeat_interval: str = "2s",
         launch_mode: str = "prefork",
         python: Path | None = None,
+        api_base: str | None = None,
     ):
+        """``api_base`` replaces the stack's api-server address for the Edge and REST API (an
+        https one, say); the Execution API the tasks use stays the stack's."""
         self.stack = stack
         self.name = name
         self.queues = list(queues)
@@ -52,7 +55,7 @@ class AstroAgent:
         self.port = free_port()
         argv = [
             str(binary("astro-agent")),
-            "--api-url", stack.edge_api_url,
+            "--api-url", f"{api_base}/edge_worker/v1" if api_base else stack.edge_api_url,
             "--execution-api-url", stack.execution_api_url,
             "--worker-name", name,
             "--queues", ",".join(self.queues),
@@ -70,7 +73,7 @@ class AstroAgent:
         # As for the Python worker: tasks must not load Airflow's example DAGs and plugins.
         env["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
         if queue_stats:
-            env["ASTRO_AGENT_REST_API_URL"] = stack.api_base
+            env["ASTRO_AGENT_REST_API_URL"] = api_base or stack.api_base
             env["ASTRO_AGENT_REST_API_USERNAME"] = USERNAME
             env["ASTRO_AGENT_REST_API_PASSWORD"] = PASSWORD
         self.daemon = Daemon(f"astro-agent {name}", argv, env, self.folder / "agent.log", cwd=self.folder)

@@ -13,10 +13,11 @@ import glob
 import os
 import pwd
 import secrets
+import shutil
 import subprocess
 from pathlib import Path
 
-from procs import free_port, log_tail
+from procs import free_port, log_tail, wait_for
 
 
 def postgres_bin_dir() -> Path:
@@ -107,6 +108,26 @@ class PostgresCluster:
             "psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
             "-h", str(self.folder), "-p", str(self.port), "-U", "postgres", "-d", database, "-c", sql,
         )
+
+    def enable_tls(self, certificate: Path, key: Path) -> None:
+        """Turn ``ssl`` on with this server certificate and key (a reload, no restart)."""
+        server_crt, server_key = self.folder / "tls-server.crt", self.folder / "tls-server.key"
+        shutil.copy(certificate, server_crt)
+        shutil.copy(key, server_key)
+        os.chmod(server_key, 0o600)  # PostgreSQL refuses a key others can read
+        if self._run_as is not None:
+            for f in (server_crt, server_key):
+                os.chown(f, self._run_as.pw_uid, self._run_as.pw_gid)
+        self.psql(f"ALTER SYSTEM SET ssl_cert_file = '{server_crt}'")
+        self.psql(f"ALTER SYSTEM SET ssl_key_file = '{server_key}'")
+        self.psql("ALTER SYSTEM SET ssl = on")
+        self.psql("SELECT pg_reload_conf()")
+        wait_for(lambda: self.psql("SHOW ssl").strip() == "on", 10, "ssl = on")
+
+    def disable_tls(self) -> None:
+        for setting in ("ssl", "ssl_cert_file", "ssl_key_file"):
+            self.psql(f"ALTER SYSTEM RESET {setting}")
+        self.psql("SELECT pg_reload_conf()")
 
     def stop(self) -> None:
         if not self._started:

@@ -31,7 +31,6 @@ import json
 import math
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import threading
@@ -41,6 +40,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from certificates import make_certificates
 from procs import Daemon, free_port, wait_for
 from prometheus_server import promtool
 
@@ -201,61 +201,15 @@ def backlog_of(body: dict) -> float:
 # ---- PostgreSQL: TLS, a read-only role, stop and start ------------------------------------
 
 
-def ensure_openssl() -> str:
-    found = shutil.which("openssl")
-    if found:
-        return found
-    subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "openssl"], check=True,
-                   stdout=subprocess.DEVNULL)
-    return shutil.which("openssl")
-
-
-def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A throw-away CA and a server certificate for 127.0.0.1 signed by it."""
-    openssl = ensure_openssl()
-    folder.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_crt = folder / "ca.key", folder / "ca.crt"
-    key, csr, crt, ext = folder / "server.key", folder / "server.csr", folder / "server.crt", folder / "server.ext"
-
-    def run(*args):
-        subprocess.run([openssl, *args], check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", str(ca_key), "-out", str(ca_crt), "-days", "2", "-subj", "/CN=astro-e2e-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
-    ext.write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
-                   "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key), "-CAcreateserial",
-        "-out", str(crt), "-days", "2", "-extfile", str(ext))
-    return ca_crt, crt, key
-
-
 def enable_postgres_tls(stack, certs: Path) -> Path:
     """Turns TLS on in the stack's PostgreSQL (reload, no restart); returns the CA file."""
-    pg = stack._pg
     ca, crt, key = make_certificates(certs)
-    server_crt, server_key = pg.folder / "e2e-server.crt", pg.folder / "e2e-server.key"
-    shutil.copy(crt, server_crt)
-    shutil.copy(key, server_key)
-    os.chmod(server_key, 0o600)
-    if pg._run_as is not None:
-        for f in (server_crt, server_key):
-            os.chown(f, pg._run_as.pw_uid, pg._run_as.pw_gid)
-    stack.sql(f"ALTER SYSTEM SET ssl_cert_file = '{server_crt}'")
-    stack.sql(f"ALTER SYSTEM SET ssl_key_file = '{server_key}'")
-    stack.sql("ALTER SYSTEM SET ssl = on")
-    stack.sql("SELECT pg_reload_conf()")
-    wait_for(lambda: stack.sql("SHOW ssl").strip() == "on", 10, "ssl = on")
+    stack._pg.enable_tls(crt, key)
     return ca
 
 
 def disable_postgres_tls(stack) -> None:
-    for setting in ("ssl", "ssl_cert_file", "ssl_key_file"):
-        stack.sql(f"ALTER SYSTEM RESET {setting}")
-    stack.sql("SELECT pg_reload_conf()")
+    stack._pg.disable_tls()
 
 
 def stop_postgres(stack) -> None:

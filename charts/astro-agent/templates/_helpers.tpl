@@ -20,6 +20,11 @@ Names, labels and the resolved worker list live here once; every template uses t
 /var/lib/astro-sentinel
 {{- end -}}
 
+{{/* Where airflow.caCertificate is mounted, in the agents and the Sentinel. */}}
+{{- define "astro-agent.airflowCaDir" -}}
+/etc/astro-agent/airflow-ca
+{{- end -}}
+
 {{/* The Secret holding the Airflow settings given as `value`. */}}
 {{- define "astro-agent.airflowSecretName" -}}
 {{- printf "%s-airflow" (include "astro-agent.prefix" .) -}}
@@ -431,6 +436,10 @@ Checks of the connection settings; renders nothing. Called once from the Secret 
 {{- else if eq $type "postgres" -}}
 {{- if not (include "astro-agent.isSet" .Values.sentinel.source.postgres.url) -}}
 {{- fail "sentinel.source.type is postgres but sentinel.source.postgres.url is empty: set its value or existingSecret" -}}
+{{- end -}}
+{{- $pg := .Values.sentinel.source.postgres -}}
+{{- if and (has $pg.sslMode (list "verify-ca" "verify-full")) (not $pg.caFile) -}}
+{{- fail (printf "sentinel.source.postgres.sslMode is %s but sentinel.source.postgres.caFile is empty: give the path of the database's CA (mounted with sentinel.extraVolumes), `system` for the image's trusted roots (verify-full only), or a weaker sslMode" $pg.sslMode) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

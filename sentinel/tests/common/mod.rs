@@ -484,6 +484,7 @@ pub async fn try_start_against(
         &astro_sentinel::settings::SourceSettings::AirflowApi {
             url: url::Url::parse(&format!("http://{fake_addr}")).unwrap(),
             credentials: airflow::rest_api::RestCredentials::Token("airflow-token".into()),
+            ca: None,
         },
         &metrics,
     )
