@@ -294,7 +294,7 @@ fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSetting
                     "--ca-file: is for source airflow-api; the database's CA is source.postgres.caFile",
                 ));
             }
-            let connection = postgres_url::parse(url, options.ssl_mode)?;
+            let connection = postgres_url::parse(&url, options.ssl_mode)?;
             if let Some(PostgresCa::File(ca)) = &options.ca {
                 if !ca.is_file() {
                     return Err(ConfigError::new(format!(
