@@ -14,10 +14,12 @@
 //! Queues are read concurrently, a few at a time, so that 50 queues do not take 50 round trips
 //! in a row nor hit Airflow all at once.
 //!
-//! A refresh has a time budget: an api-server that accepts connections but never answers
-//! would otherwise hold the loop for one request timeout per wave of queues (minutes with
-//! many queues), delaying recovery long after it answers again. Queues without an answer when
-//! the budget runs out count as failed for this refresh.
+//! A refresh has a time budget for silence: an api-server that accepts connections but never
+//! answers would otherwise hold the loop for one request timeout per wave of queues (minutes
+//! with many queues), delaying recovery long after it answers again. When no page has been
+//! answered for the budget, queues still being read count as failed for this refresh. A large
+//! backlog whose pages keep coming is read to the end, however long that takes (pick a
+//! staleness limit above it: values are dated from the start of the read).
 
 use crate::backlog_source::{BacklogSource, QueueBacklog, QueueOutcome};
 use airflow::rest_api::{ListedTaskInstance, RestApiClient, RestCredentials, TaskInstancePage};
@@ -25,6 +27,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use prometheus::IntCounter;
 use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 use url::Url;
 
@@ -32,7 +35,7 @@ use url::Url;
 const CONCURRENT_QUEUES: usize = 8;
 /// Pages of one queue read at the same time, once the first page told how many there are.
 const CONCURRENT_PAGES: usize = 4;
-/// The default time budget of one refresh (see the module doc).
+/// The default time one refresh may go without any answer (see the module doc).
 pub const REFRESH_BUDGET: Duration = Duration::from_secs(10);
 
 pub struct AirflowApiSource {
@@ -67,40 +70,73 @@ impl AirflowApiSource {
         self
     }
 
-    async fn page(&self, queue: &[String], offset: u64) -> Result<TaskInstancePage, String> {
+    async fn page(
+        &self,
+        queue: &[String],
+        offset: u64,
+        progress: &Progress,
+    ) -> Result<TaskInstancePage, String> {
         self.requests.inc();
-        self.client
+        let page = self
+            .client
             .task_instances_page(queue, &["queued", "running"], offset)
             .await
-            .map_err(|e| format!("queued+running task instances: {e}"))
+            .map_err(|e| format!("queued+running task instances: {e}"));
+        progress.answered();
+        page
     }
 
-    async fn labelled(&self, queue: &str) -> (String, QueueOutcome) {
-        (queue.to_owned(), self.queue_backlog(queue).await)
+    async fn labelled(&self, queue: &str, progress: &Progress) -> (String, QueueOutcome) {
+        (queue.to_owned(), self.queue_backlog(queue, progress).await)
     }
 
     /// Every queued and running task instance of `queue`, tallied. Queued and running come
     /// from the same listing: a task that starts while the queue is read is still listed once.
-    async fn queue_backlog(&self, queue: &str) -> QueueOutcome {
+    async fn queue_backlog(&self, queue: &str, progress: &Progress) -> QueueOutcome {
         let read_at = SystemTime::now();
         let queue = [queue.to_owned()];
-        let first = self.page(&queue, 0).await?;
+        let first = self.page(&queue, 0, progress).await?;
         let step = first.task_instances.len() as u64;
         let total = first.total_entries;
         let mut tally = Tally::default();
         tally.add(first.task_instances);
         if step > 0 && step < total {
             let offsets = (1..).map(|i| i * step).take_while(|offset| *offset < total);
-            let pages: Vec<TaskInstancePage> =
-                futures_util::stream::iter(offsets.map(|offset| self.page(&queue, offset)))
-                    .buffered(CONCURRENT_PAGES)
-                    .try_collect()
-                    .await?;
+            let pages: Vec<TaskInstancePage> = futures_util::stream::iter(
+                offsets.map(|offset| self.page(&queue, offset, progress)),
+            )
+            .buffered(CONCURRENT_PAGES)
+            .try_collect()
+            .await?;
             for page in pages {
                 tally.add(page.task_instances);
             }
         }
         Ok(tally.backlog(read_at))
+    }
+}
+
+/// When the api-server last answered during a refresh (tokio's clock, for paused-time tests).
+struct Progress(Mutex<tokio::time::Instant>);
+
+impl Progress {
+    fn new() -> Self {
+        Progress(Mutex::new(tokio::time::Instant::now()))
+    }
+
+    fn answered(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+    }
+
+    /// Resolves once nothing has been answered for `budget`.
+    async fn silent_for(&self, budget: Duration) {
+        loop {
+            let last = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if last.elapsed() >= budget {
+                return;
+            }
+            tokio::time::sleep_until(last + budget).await;
+        }
     }
 }
 
@@ -177,11 +213,15 @@ impl BacklogSource for AirflowApiSource {
 
     fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {
         async move {
+            let progress = Progress::new();
             // Collected first: a closure held across the await trips rustc's Send check.
-            let calls: Vec<_> = queues.iter().map(|queue| self.labelled(queue)).collect();
+            let calls: Vec<_> = queues
+                .iter()
+                .map(|queue| self.labelled(queue, &progress))
+                .collect();
             let mut answered: HashMap<String, QueueOutcome> = futures_util::stream::iter(calls)
                 .buffer_unordered(CONCURRENT_QUEUES)
-                .take_until(tokio::time::sleep(self.budget))
+                .take_until(progress.silent_for(self.budget))
                 .collect()
                 .await;
             queues
@@ -189,7 +229,7 @@ impl BacklogSource for AirflowApiSource {
                 .map(|q| {
                     let outcome = answered.remove(q).unwrap_or_else(|| {
                         Err(format!(
-                            "no answer within the refresh budget of {}",
+                            "no answer from the api-server for the refresh budget of {}",
                             humantime::format_duration(self.budget)
                         ))
                     });

@@ -1,5 +1,6 @@
 //! The airflow-api source on its own: every queue answered, failures per queue, and a refresh
-//! time budget so that one api-server call that never returns does not hold the rest.
+//! time budget so that one api-server call that never returns does not hold the rest, while a
+//! large backlog whose pages keep coming is read to the end.
 
 mod common;
 
@@ -160,4 +161,24 @@ async fn nothing_queued_has_no_oldest_wait() {
             ..QueueBacklog::default()
         })
     );
+}
+
+#[tokio::test]
+async fn a_long_listing_that_keeps_answering_outlasts_the_budget() {
+    let (fake, server) = fake_airflow().await;
+    fake.set("big", 1000, 0);
+    // 10 pages, each answered after 300 ms, 4 at a time after the first: about 1.2 s in all,
+    // over twice the budget, but never 500 ms without an answer.
+    fake.slow("big", Duration::from_millis(300));
+    let (s, requests) = source(server.addr, Duration::from_millis(500));
+    let started = Instant::now();
+    let out = s.fetch(&["big".to_string()]).await;
+    assert!(
+        started.elapsed() > Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    let b = out[0].1.as_ref().expect("read to the end");
+    assert_eq!((b.queued_tasks, b.queued_slots), (1000, 1000));
+    assert_eq!(requests.get(), 10);
 }

@@ -92,6 +92,7 @@ pub struct FakeAirflow {
     instances: Mutex<HashMap<String, Vec<FakeInstance>>>,
     failing: Mutex<HashSet<String>>,
     hanging: Mutex<HashSet<String>>,
+    slow: Mutex<HashMap<String, Duration>>,
     pub requests: AtomicUsize,
     pub token: Mutex<String>,
     /// The User-Agent of the last request.
@@ -129,6 +130,11 @@ impl FakeAirflow {
         self.hanging.lock().unwrap().insert(queue.into());
     }
 
+    /// Makes every answer for `queue` take `delay`.
+    pub fn slow(&self, queue: &str, delay: Duration) {
+        self.slow.lock().unwrap().insert(queue.into(), delay);
+    }
+
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
@@ -141,6 +147,10 @@ impl FakeAirflow {
                 let queue = query_params(&req).get("queue").cloned().unwrap_or_default();
                 if me.hanging.lock().unwrap().contains(&queue) {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                let delay = me.slow.lock().unwrap().get(&queue).copied();
+                if let Some(delay) = delay {
+                    tokio::time::sleep(delay).await;
                 }
                 me.answer(req)
             }
