@@ -98,6 +98,12 @@ impl AirflowApiSource {
         let first = self.page(&queue, 0, progress).await?;
         let step = first.task_instances.len() as u64;
         let total = first.total_entries;
+        if step == 0 && total > 0 {
+            // Counting what was listed would make up a 0.
+            return Err(format!(
+                "the api-server counts {total} queued+running task instances but lists none"
+            ));
+        }
         let mut tally = Tally::default();
         tally.add(first.task_instances);
         if step > 0 && step < total {

@@ -182,3 +182,17 @@ async fn a_long_listing_that_keeps_answering_outlasts_the_budget() {
     assert_eq!((b.queued_tasks, b.queued_slots), (1000, 1000));
     assert_eq!(requests.get(), 10);
 }
+
+#[tokio::test]
+async fn a_count_without_a_listing_is_a_failure_not_a_zero() {
+    let (fake, server) = fake_airflow().await;
+    fake.set("counted", 5, 0);
+    fake.list_nothing("counted");
+    let (s, _) = source(server.addr, Duration::from_secs(10));
+    let out = s.fetch(&["counted".to_string()]).await;
+    let error = out[0].1.as_ref().unwrap_err();
+    assert!(
+        error.contains("counts 5") && error.contains("lists none"),
+        "{error}"
+    );
+}

@@ -93,6 +93,8 @@ pub struct FakeAirflow {
     failing: Mutex<HashSet<String>>,
     hanging: Mutex<HashSet<String>>,
     slow: Mutex<HashMap<String, Duration>>,
+    /// Queues whose pages come back empty while `total_entries` still counts them.
+    unlisted: Mutex<HashSet<String>>,
     pub requests: AtomicUsize,
     pub token: Mutex<String>,
     /// The User-Agent of the last request.
@@ -133,6 +135,11 @@ impl FakeAirflow {
     /// Makes every answer for `queue` take `delay`.
     pub fn slow(&self, queue: &str, delay: Duration) {
         self.slow.lock().unwrap().insert(queue.into(), delay);
+    }
+
+    /// Makes `queue` count its task instances but list none (a server that only counts).
+    pub fn list_nothing(&self, queue: &str) {
+        self.unlisted.lock().unwrap().insert(queue.into());
     }
 
     pub fn requests(&self) -> usize {
@@ -222,12 +229,12 @@ impl FakeAirflow {
                 })
             })
             .collect();
-        let page: Vec<_> = matching
-            .iter()
-            .skip(offset)
-            .take(limit.min(FAKE_PAGE_LIMIT))
-            .cloned()
-            .collect();
+        let listed = if self.unlisted.lock().unwrap().contains(queue) {
+            0
+        } else {
+            limit.min(FAKE_PAGE_LIMIT)
+        };
+        let page: Vec<_> = matching.iter().skip(offset).take(listed).cloned().collect();
         json_response(
             200,
             serde_json::json!({"task_instances": page, "total_entries": matching.len()}),
