@@ -132,7 +132,7 @@ def run_scenario(source, airflow, trigger_dag, python_edge_worker, s: Sentinel):
 
 BENCH_QUEUE = "bench-10k"
 BENCH_TASKS = 10_000
-BENCH_REFRESH = 5.0  # seconds
+BENCH_REFRESH = 30.0  # seconds: longer than a refresh of 10 000 takes here
 # Values are dated from the start of a read: the limit must be above how long a read takes.
 BENCH_STALENESS = 120.0
 
@@ -186,19 +186,26 @@ def test_airflow_api_cost_at_10000_queued(airflow, trigger_dag, sentinel_bin, tm
             assert (body["queuedTasks"], body["queued"], body["backlog"]) == (BENCH_TASKS, slots, slots), body
             assert body["desiredReplicas"] == math.ceil(slots / 16)
             assert body["oldestQueuedAgeSeconds"] >= BENCH_TASKS / 1000, body
-            r0, q0 = s.metric("astro_sentinel_refreshes_total"), s.metric("astro_sentinel_upstream_requests_total")
-            d0 = s.metric("astro_sentinel_refresh_duration_seconds_sum")
-            wait_for(lambda: s.metric("astro_sentinel_refreshes_total") >= r0 + 3, 3 * BENCH_STALENESS,
-                     "three more refreshes")
-            r1, q1 = s.metric("astro_sentinel_refreshes_total"), s.metric("astro_sentinel_upstream_requests_total")
-            d1 = s.metric("astro_sentinel_refresh_duration_seconds_sum")
+            # Counters read just after a refresh ends, while the next one has not begun (the
+            # interval is longer than a refresh), so that no request in flight blurs the count.
+            def after_next_refresh() -> tuple[float, float, float]:
+                done = s.metric("astro_sentinel_refreshes_total")
+                wait_for(lambda: s.metric("astro_sentinel_refreshes_total") > done, 2 * BENCH_REFRESH + BENCH_STALENESS,
+                         "the next refresh", interval=0.05)
+                return (s.metric("astro_sentinel_refreshes_total"), s.metric("astro_sentinel_upstream_requests_total"),
+                        s.metric("astro_sentinel_refresh_duration_seconds_sum"))
+
+            r0, q0, d0 = after_next_refresh()
+            after_next_refresh()
+            r1, q1, d1 = after_next_refresh()
             refreshes = r1 - r0
             per_refresh = (q1 - q0) / refreshes
             seconds = (d1 - d0) / refreshes
             print(f"\nairflow-api, {BENCH_TASKS} queued on one queue: {per_refresh:.1f} requests and "
                   f"{seconds:.2f}s per refresh ({refreshes:.0f} refreshes)")
-            # 10 000 at 100 a page, give or take the page in flight while the counters were read.
-            assert math.ceil(BENCH_TASKS / 100) - 1 <= per_refresh <= math.ceil(BENCH_TASKS / 100) + 1, per_refresh
+            # 10 000 at 100 a page.
+            assert per_refresh == math.ceil(BENCH_TASKS / 100), per_refresh
+            assert seconds < BENCH_REFRESH, "a refresh ran into the next: the counts are blurred"
             assert s.worker("astro-worker-bench")[0] == 200
         finally:
             s.stop()
