@@ -48,10 +48,13 @@ pub mod call {
     pub const COUNT: &str = "rest_count";
     pub const RUNNING: &str = "rest_running";
     pub const EDGE_WORKERS: &str = "rest_edge_workers";
+    pub const LIST: &str = "rest_list";
 }
 
-/// Running task instances listed per request (Airflow's default `maximum_page_limit`).
-const RUNNING_PAGE: u64 = 100;
+/// Task instances asked for per page. Airflow answers at most its `[api] maximum_page_limit`
+/// (100 by default) whatever is asked, so callers step by the length of the page they got: a
+/// server configured for larger pages is read in fewer requests.
+pub const PAGE_REQUEST: u64 = 1000;
 
 pub struct RestApiClient {
     http: reqwest::Client,
@@ -71,10 +74,12 @@ struct CountAnswer {
     total_entries: u64,
 }
 
-#[derive(Deserialize)]
-struct TaskInstancePage {
-    task_instances: Vec<ListedTaskInstance>,
-    total_entries: u64,
+/// One page of `GET .../taskInstances`.
+#[derive(Debug, Deserialize)]
+pub struct TaskInstancePage {
+    pub task_instances: Vec<ListedTaskInstance>,
+    /// Task instances matching the filter in all pages.
+    pub total_entries: u64,
 }
 
 #[derive(Deserialize)]
@@ -82,11 +87,17 @@ struct EdgeWorkerPage {
     workers: Vec<ListedEdgeWorker>,
 }
 
-#[derive(Deserialize)]
-struct ListedTaskInstance {
-    hostname: Option<String>,
+/// The fields of a listed task instance that the backlog needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ListedTaskInstance {
+    pub id: String,
+    pub state: Option<String>,
+    pub hostname: Option<String>,
+    /// Worker slots the task takes (the Edge job's `concurrency_slots`).
     #[serde(default)]
-    pool_slots: u64,
+    pub pool_slots: u64,
+    /// When the scheduler queued it (RFC 3339).
+    pub queued_when: Option<String>,
 }
 
 impl RestApiClient {
@@ -150,7 +161,7 @@ impl RestApiClient {
 
     /// Task slots (Σ `pool_slots`) of the task instances running on any of `queues`, by the
     /// hostname of the worker running them (an Edge worker's hostname: its pod's name).
-    /// Pages through the list in `id` order, `RUNNING_PAGE` at a time.
+    /// Pages through the list in `id` order.
     pub async fn running_slots_by_host(
         &self,
         queues: &[String],
@@ -158,18 +169,9 @@ impl RestApiClient {
         let mut slots: HashMap<String, u64> = HashMap::new();
         let mut offset = 0u64;
         loop {
-            let mut url = self.task_instances_url();
-            {
-                let mut query = url.query_pairs_mut();
-                for queue in queues {
-                    query.append_pair("queue", queue);
-                }
-                query.append_pair("state", "running");
-                query.append_pair("order_by", "id");
-                query.append_pair("limit", &RUNNING_PAGE.to_string());
-                query.append_pair("offset", &offset.to_string());
-            }
-            let page: TaskInstancePage = self.get_json(call::RUNNING, url).await?;
+            let page = self
+                .page(call::RUNNING, queues, &["running"], offset)
+                .await?;
             let listed = page.task_instances.len() as u64;
             for ti in page.task_instances {
                 if let Some(host) = ti.hostname.filter(|h| !h.is_empty()) {
@@ -192,6 +194,40 @@ impl RestApiClient {
             .extend(["edge_worker", "ui", "worker"]);
         let page: EdgeWorkerPage = self.get_json(call::EDGE_WORKERS, url).await?;
         Ok(page.workers)
+    }
+
+    /// The task instances on any of `queues` in any of `states`, in `id` order, from `offset`:
+    /// up to [`PAGE_REQUEST`], or the server's page limit if that is lower.
+    pub async fn task_instances_page(
+        &self,
+        queues: &[String],
+        states: &[&str],
+        offset: u64,
+    ) -> Result<TaskInstancePage, ApiError> {
+        self.page(call::LIST, queues, states, offset).await
+    }
+
+    async fn page(
+        &self,
+        call: &'static str,
+        queues: &[String],
+        states: &[&str],
+        offset: u64,
+    ) -> Result<TaskInstancePage, ApiError> {
+        let mut url = self.task_instances_url();
+        {
+            let mut query = url.query_pairs_mut();
+            for queue in queues {
+                query.append_pair("queue", queue);
+            }
+            for state in states {
+                query.append_pair("state", state);
+            }
+            query.append_pair("order_by", "id");
+            query.append_pair("limit", &PAGE_REQUEST.to_string());
+            query.append_pair("offset", &offset.to_string());
+        }
+        self.get_json(call, url).await
     }
 
     fn task_instances_url(&self) -> Url {

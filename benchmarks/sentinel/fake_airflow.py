@@ -1,13 +1,14 @@
-"""A tiny stand-in for Airflow's REST API v2 task-instance count, for benchmarks and metric
+"""A tiny stand-in for Airflow's REST API v2 task-instance list, for benchmarks and metric
 checks that must run without a real Airflow.
 
     python3 fake_airflow.py PORT_FILE
 
 Listens on 127.0.0.1 on a free port (written to PORT_FILE once listening) and answers
-``GET /api/v2/dags/~/dagRuns/~/taskInstances?queue=Q&state=S&limit=0`` with
-``{"total_entries": N}``, where N is a stable number derived from the queue and state (summed over
-the states when several are given, as Airflow counts task instances in any of them). It
-counts the requests it served and reports the total at ``GET /requests``.
+``GET /api/v2/dags/~/dagRuns/~/taskInstances?queue=Q&state=S&limit=L&offset=O`` with a page of at
+most 100 task instances (Airflow's default ``maximum_page_limit``) and ``total_entries``. Each
+queue holds a stable number of task instances in each state, derived from the queue and state
+(below 50, so one page lists a queue's queued and running ones). It counts the requests it
+served and reports the total at ``GET /requests``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 PATH = "/api/v2/dags/~/dagRuns/~/taskInstances"
+PAGE_LIMIT = 100
 served = 0
 lock = threading.Lock()
 
@@ -55,8 +57,15 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             served += 1
         queue = q.get("queue", [""])[0]
-        total = sum(entries(queue, state) for state in q.get("state", [""]))
-        self._send(200, {"task_instances": [], "total_entries": total})
+        listed = [
+            {"id": f"{queue}/{state}/{i}", "state": state, "pool_slots": 1, "hostname": None,
+             "queued_when": "2024-01-01T00:00:00Z"}
+            for state in q.get("state", [""])
+            for i in range(entries(queue, state))
+        ]
+        offset, limit = int(q.get("offset", ["0"])[0]), int(q.get("limit", ["100"])[0])
+        page = listed[offset:offset + min(limit, PAGE_LIMIT)]
+        self._send(200, {"task_instances": page, "total_entries": len(listed)})
 
 
 def main() -> None:

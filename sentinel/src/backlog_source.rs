@@ -1,18 +1,35 @@
-//! Where queue depth comes from. A source answers, for a list of queues, the queued and
-//! running task-instance counts of each — or, per queue, why it could not.
+//! Where queue depth comes from. A source answers, for a list of queues, each queue's queued
+//! and running task instances — as tasks, as task slots (Σ `pool_slots`), and how long the
+//! oldest queued one has waited — or, per queue, why it could not.
 //!
-//! Two implementations: [`crate::airflow_api_source`] (Airflow's REST API, two requests per
-//! queue) and [`crate::postgres_source`] (one `GROUP BY` over the metadata database for all
-//! queues at once). The refresh loop calls [`BacklogSource::fetch`] once per interval with
-//! every distinct queue, however many workers share a queue and however often KEDA asks.
+//! Two implementations: [`crate::airflow_api_source`] (Airflow's REST API, listing the
+//! queue's queued and running task instances page by page) and [`crate::postgres_source`]
+//! (one `GROUP BY` over the metadata database for all queues at once). The refresh loop calls
+//! [`BacklogSource::fetch`] once per interval with every distinct queue, however many workers
+//! share a queue and however often KEDA asks.
 
 use airflow::edge_worker_list::ListedEdgeWorker;
-use airflow::rest_api::QueueCounts;
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
+use std::time::Duration;
 
-/// The outcome for one queue: its counts, or a one-line reason (never containing secrets).
-pub type QueueOutcome = Result<QueueCounts, String>;
+/// One queue's backlog as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueBacklog {
+    pub queued_tasks: u64,
+    pub running_tasks: u64,
+    /// Σ `pool_slots` of the queued task instances: the worker slots they will take (an Edge
+    /// job's `concurrency_slots` is its task's `pool_slots`).
+    pub queued_slots: u64,
+    /// Σ `pool_slots` of the running task instances.
+    pub running_slots: u64,
+    /// How long the longest-waiting queued task instance had been queued when the queue was
+    /// read; `None` when none is queued.
+    pub oldest_queued_age: Option<Duration>,
+}
+
+/// The outcome for one queue: its backlog, or a one-line reason (never containing secrets).
+pub type QueueOutcome = Result<QueueBacklog, String>;
 
 pub trait BacklogSource: Send + Sync + 'static {
     /// `airflow-api` or `postgres` (the `source` label of the upstream metrics).

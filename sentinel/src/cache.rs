@@ -4,7 +4,7 @@
 //! The refresh loop is the only writer; it publishes a new immutable [`Snapshot`] after every
 //! refresh. Requests only clone an `Arc`, so answering KEDA never waits for Airflow.
 
-use airflow::rest_api::QueueCounts;
+use crate::backlog_source::QueueBacklog;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime};
@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime};
 /// One successful read of a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
-    pub counts: QueueCounts,
+    pub backlog: QueueBacklog,
     /// When it was read (monotonic, for ages).
     pub at: Instant,
     /// The same moment on the wall clock (for `updatedAt`).
@@ -57,15 +57,15 @@ impl Snapshot {
     pub fn record(
         &mut self,
         queue: &str,
-        outcome: Result<QueueCounts, String>,
+        outcome: Result<QueueBacklog, String>,
         at: Instant,
         at_wall: SystemTime,
     ) {
         let entry = self.queues.entry(queue.to_string()).or_default();
         match outcome {
-            Ok(counts) => {
+            Ok(backlog) => {
                 entry.last = Some(Reading {
-                    counts,
+                    backlog,
                     at,
                     at_wall,
                 });
@@ -114,16 +114,17 @@ mod tests {
         let mut s = Snapshot::empty(&["a".to_string()]);
         let t0 = Instant::now();
         let w0 = SystemTime::now();
-        let counts = QueueCounts {
-            queued: 3,
-            running: 2,
+        let counts = QueueBacklog {
+            queued_tasks: 3,
+            running_tasks: 2,
+            ..QueueBacklog::default()
         };
         s.record("a", Ok(counts), t0, w0);
         s.record("a", Err("boom".into()), t0, w0);
         let e = s.queue("a").unwrap();
-        assert_eq!(e.last.unwrap().counts, counts);
+        assert_eq!(e.last.unwrap().backlog, counts);
         assert_eq!(e.last_error.as_deref(), Some("boom"));
-        s.record("a", Ok(QueueCounts::default()), t0, w0);
+        s.record("a", Ok(QueueBacklog::default()), t0, w0);
         assert_eq!(s.queue("a").unwrap().last_error, None);
     }
 
@@ -134,7 +135,7 @@ mod tests {
         let mut next = (*before).clone();
         next.record(
             "a",
-            Ok(QueueCounts::default()),
+            Ok(QueueBacklog::default()),
             Instant::now(),
             SystemTime::now(),
         );

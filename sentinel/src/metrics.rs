@@ -28,8 +28,10 @@ pub struct Metrics {
     pub pod_deletion_cost_patches: IntCounterVec,
     ready: IntGauge,
     queue_task_instances: IntGaugeVec,
+    queue_task_slots: IntGaugeVec,
     queue_data_age: GaugeVec,
     worker_backlog: IntGaugeVec,
+    worker_oldest_queued_age: GaugeVec,
     worker_desired_replicas: IntGaugeVec,
     worker_available: IntGaugeVec,
     worker_replicas: ReplicaGauges,
@@ -104,6 +106,17 @@ impl Metrics {
         r.register(Box::new(queue_data_age.clone()))
             .expect("unique metric");
 
+        let worker_oldest_queued_age = GaugeVec::new(
+            Opts::new(
+                "astro_sentinel_worker_oldest_queued_age_seconds",
+                "How long the longest-waiting queued task instance over the worker's queues has been queued; 0 when none is (absent when not fresh).",
+            ),
+            &["worker"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(worker_oldest_queued_age.clone()))
+            .expect("unique metric");
+
         Metrics {
             refreshes,
             refresh_duration,
@@ -150,13 +163,20 @@ impl Metrics {
                 "Task instances on the queue in the state, as last read.",
                 &["queue", "state"],
             ),
+            queue_task_slots: gauge_vec(
+                &r,
+                "astro_sentinel_queue_task_slots",
+                "Task slots (sum of pool_slots) of the task instances on the queue in the state, as last read.",
+                &["queue", "state"],
+            ),
             queue_data_age,
             worker_backlog: gauge_vec(
                 &r,
                 "astro_sentinel_worker_backlog",
-                "Queued plus running task instances over the worker's queues (absent when not fresh).",
+                "Task slots (sum of pool_slots) of the queued plus running task instances over the worker's queues, the value KEDA reads (absent when not fresh).",
                 &["worker"],
             ),
+            worker_oldest_queued_age,
             worker_desired_replicas: gauge_vec(
                 &r,
                 "astro_sentinel_worker_desired_replicas",
@@ -194,22 +214,30 @@ impl Metrics {
     ) -> String {
         let _guard = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.queue_task_instances.reset();
+        self.queue_task_slots.reset();
         self.queue_data_age.reset();
         for (queue, entry) in snapshot.queues() {
             if let Some(reading) = entry.last {
                 let q = queue.as_str();
-                self.queue_task_instances
-                    .with_label_values(&[q, "queued"])
-                    .set(saturating_i64(reading.counts.queued));
-                self.queue_task_instances
-                    .with_label_values(&[q, "running"])
-                    .set(saturating_i64(reading.counts.running));
+                let b = reading.backlog;
+                for (state, tasks, slots) in [
+                    ("queued", b.queued_tasks, b.queued_slots),
+                    ("running", b.running_tasks, b.running_slots),
+                ] {
+                    self.queue_task_instances
+                        .with_label_values(&[q, state])
+                        .set(saturating_i64(tasks));
+                    self.queue_task_slots
+                        .with_label_values(&[q, state])
+                        .set(saturating_i64(slots));
+                }
                 self.queue_data_age
                     .with_label_values(&[q])
                     .set(now.saturating_duration_since(reading.at).as_secs_f64());
             }
         }
         self.worker_backlog.reset();
+        self.worker_oldest_queued_age.reset();
         self.worker_desired_replicas.reset();
         for worker in workers {
             let name = worker.name.as_str();
@@ -219,6 +247,9 @@ impl Metrics {
                     self.worker_backlog
                         .with_label_values(&[name])
                         .set(saturating_i64(b.backlog));
+                    self.worker_oldest_queued_age
+                        .with_label_values(&[name])
+                        .set(b.oldest_queued_age_seconds);
                     self.worker_desired_replicas
                         .with_label_values(&[name])
                         .set(i64::from(b.desired_replicas));

@@ -1,15 +1,15 @@
-//! Backlog from the Airflow metadata database: one `GROUP BY queue, state` over
-//! `task_instance` per refresh, for all queues at once — the cheap path at scale.
+//! Backlog from the Airflow metadata database: one `GROUP BY queue` over `task_instance` per
+//! refresh, for all queues at once — the cheap path at scale. The same query counts tasks,
+//! sums their `pool_slots` and finds the oldest `queued_dttm`.
 //!
 //! Give the Sentinel a read-only role (`GRANT SELECT ON task_instance, edge_worker`). The connection is
 //! opened lazily and reopened on the next refresh after any failure; the statement is
 //! prepared once per connection, so each refresh is a single round trip.
 
-use crate::backlog_source::{BacklogSource, QueueOutcome};
+use crate::backlog_source::{BacklogSource, QueueBacklog, QueueOutcome};
 use crate::config::PostgresOptions;
 use crate::postgres_tls::{postgres_tls, PostgresTls};
 use airflow::edge_worker_list::ListedEdgeWorker;
-use airflow::rest_api::QueueCounts;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use prometheus::IntCounter;
@@ -19,12 +19,18 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
-/// Counts of the states that make up a backlog, for the given queues only. Queues with no
-/// such task instance return no row: their counts are a true 0.
-const BACKLOG_SQL: &str = "SELECT queue, state, count(*) \
+/// Tasks and task slots queued and running, and how long the oldest queued task has waited
+/// (measured on the database's clock, so the Sentinel's clock does not matter), for the given
+/// queues only. Queues with no such task instance return no row: their counts are a true 0.
+const BACKLOG_SQL: &str = "SELECT queue, \
+     count(*) FILTER (WHERE state = 'queued'), \
+     count(*) FILTER (WHERE state = 'running'), \
+     coalesce(sum(greatest(pool_slots, 1)) FILTER (WHERE state = 'queued'), 0)::bigint, \
+     coalesce(sum(greatest(pool_slots, 1)) FILTER (WHERE state = 'running'), 0)::bigint, \
+     extract(epoch FROM now() - min(queued_dttm) FILTER (WHERE state = 'queued'))::float8 \
      FROM task_instance \
      WHERE state IN ('queued', 'running') AND queue = ANY($1::text[]) \
-     GROUP BY queue, state";
+     GROUP BY queue";
 
 /// Task slots of the running task instances of the given queues, by the worker running them.
 const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
@@ -174,22 +180,29 @@ impl PostgresSource {
             .collect()
     }
 
-    async fn counts(&self, queues: &[String]) -> Result<HashMap<String, QueueCounts>, String> {
+    async fn backlogs(&self, queues: &[String]) -> Result<HashMap<String, QueueBacklog>, String> {
         let rows = self.query(|c| Ok(&c.statement), &[&queues]).await?;
-        let mut counts: HashMap<String, QueueCounts> = HashMap::new();
+        let mut backlogs = HashMap::new();
         for row in rows {
             let queue: String = row.try_get(0).map_err(describe)?;
-            let state: String = row.try_get(1).map_err(describe)?;
-            let n: i64 = row.try_get(2).map_err(describe)?;
-            let entry = counts.entry(queue).or_default();
-            let n = u64::try_from(n).unwrap_or(0);
-            match state.as_str() {
-                "queued" => entry.queued = n,
-                "running" => entry.running = n,
-                _ => {}
-            }
+            let count = |i: usize| -> Result<u64, String> {
+                let n: i64 = row.try_get(i).map_err(describe)?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            };
+            let oldest: Option<f64> = row.try_get(5).map_err(describe)?;
+            backlogs.insert(
+                queue,
+                QueueBacklog {
+                    queued_tasks: count(1)?,
+                    running_tasks: count(2)?,
+                    queued_slots: count(3)?,
+                    running_slots: count(4)?,
+                    // A queued_dttm ahead of the database's clock (it should not be) waits 0 s.
+                    oldest_queued_age: oldest.map(|s| Duration::from_secs_f64(s.max(0.0))),
+                },
+            );
         }
-        Ok(counts)
+        Ok(backlogs)
     }
 }
 
@@ -216,10 +229,10 @@ impl BacklogSource for PostgresSource {
 
     fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {
         async move {
-            match self.counts(queues).await {
-                Ok(mut counts) => queues
+            match self.backlogs(queues).await {
+                Ok(mut backlogs) => queues
                     .iter()
-                    .map(|q| (q.clone(), Ok(counts.remove(q).unwrap_or_default())))
+                    .map(|q| (q.clone(), Ok(backlogs.remove(q).unwrap_or_default())))
                     .collect(),
                 // One query for all queues: when it fails, every queue failed.
                 Err(e) => queues.iter().map(|q| (q.clone(), Err(e.clone()))).collect(),

@@ -27,10 +27,20 @@ pub fn desired_replicas(backlog: u64, sync_slots: u32, min: u32, max: u32) -> u3
 pub struct WorkerBacklog {
     pub worker: String,
     pub queues: Vec<String>,
+    /// Task slots (Σ `pool_slots`) of the queued task instances over the worker's queues.
     pub queued: u64,
+    /// Task slots of the running task instances.
     pub running: u64,
-    /// `queued + running`: the value KEDA reads (`valueLocation: backlog`).
+    /// `queued + running`, in task slots: the value KEDA reads (`valueLocation: backlog`)
+    /// against `syncSlots`, the slots one worker offers.
     pub backlog: u64,
+    /// Queued task instances (each counted once, whatever its slots).
+    pub queued_tasks: u64,
+    /// Running task instances.
+    pub running_tasks: u64,
+    /// How long the longest-waiting queued task instance has been queued, as of now; 0 when
+    /// none is queued.
+    pub oldest_queued_age_seconds: f64,
     pub sync_slots: u32,
     pub desired_replicas: u32,
     pub min_replicas: u32,
@@ -92,6 +102,9 @@ pub fn worker_answer(
 ) -> WorkerAnswer {
     let mut queued = 0u64;
     let mut running = 0u64;
+    let mut queued_tasks = 0u64;
+    let mut running_tasks = 0u64;
+    let mut oldest_queued = Duration::ZERO;
     let mut oldest: Option<(Duration, SystemTime)> = None;
     let mut statuses = Vec::with_capacity(worker.queues.len());
     let mut any_not_loaded = false;
@@ -114,8 +127,15 @@ pub fn worker_answer(
                 let age = now.saturating_duration_since(reading.at);
                 let stale = age > staleness_limit;
                 any_stale |= stale;
-                queued = queued.saturating_add(reading.counts.queued);
-                running = running.saturating_add(reading.counts.running);
+                let b = reading.backlog;
+                queued = queued.saturating_add(b.queued_slots);
+                running = running.saturating_add(b.running_slots);
+                queued_tasks = queued_tasks.saturating_add(b.queued_tasks);
+                running_tasks = running_tasks.saturating_add(b.running_tasks);
+                // The wait as read, plus the time since: it keeps growing between refreshes.
+                if let Some(waited) = b.oldest_queued_age {
+                    oldest_queued = oldest_queued.max(waited.saturating_add(age));
+                }
                 if oldest.is_none_or(|(a, _)| age > a) {
                     oldest = Some((age, reading.at_wall));
                 }
@@ -171,6 +191,9 @@ pub fn worker_answer(
         queued,
         running,
         backlog,
+        queued_tasks,
+        running_tasks,
+        oldest_queued_age_seconds: seconds(oldest_queued),
         sync_slots: worker.sync_slots,
         desired_replicas: desired_replicas(
             backlog,
@@ -197,7 +220,18 @@ fn rfc3339(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airflow::rest_api::QueueCounts;
+    use crate::backlog_source::QueueBacklog;
+
+    /// `tasks` task instances of one slot each.
+    fn tasks(queued: u64, running: u64) -> QueueBacklog {
+        QueueBacklog {
+            queued_tasks: queued,
+            running_tasks: running,
+            queued_slots: queued,
+            running_slots: running,
+            oldest_queued_age: None,
+        }
+    }
 
     fn worker(queues: &[&str], slots: u32, min: u32, max: u32) -> WorkerConfig {
         WorkerConfig {
@@ -241,24 +275,8 @@ mod tests {
         let wall = SystemTime::now();
         let mut s = Snapshot::empty(&["a".to_string(), "b".to_string()]);
         let old = now - Duration::from_secs(5);
-        s.record(
-            "a",
-            Ok(QueueCounts {
-                queued: 10,
-                running: 3,
-            }),
-            old,
-            wall - Duration::from_secs(5),
-        );
-        s.record(
-            "b",
-            Ok(QueueCounts {
-                queued: 20,
-                running: 0,
-            }),
-            now,
-            wall,
-        );
+        s.record("a", Ok(tasks(10, 3)), old, wall - Duration::from_secs(5));
+        s.record("b", Ok(tasks(20, 0)), now, wall);
         let WorkerAnswer::Ready(b) = worker_answer(
             &worker(&["a", "b"], 4, 0, 100),
             &s,
@@ -271,6 +289,56 @@ mod tests {
         assert_eq!(b.desired_replicas, 9);
         assert_eq!(b.age_seconds, 5.0);
         assert!(b.updated_at.ends_with('Z'));
+        assert_eq!(b.oldest_queued_age_seconds, 0.0, "no wait was read");
+    }
+
+    #[test]
+    fn backlog_counts_slots_and_keeps_task_counts_beside() {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let mut s = Snapshot::empty(&["a".to_string(), "b".to_string()]);
+        // a: 2 queued tasks of 3 slots and 1 of 1, 1 running of 3; b: 1 queued of 1.
+        s.record(
+            "a",
+            Ok(QueueBacklog {
+                queued_tasks: 3,
+                running_tasks: 1,
+                queued_slots: 7,
+                running_slots: 3,
+                oldest_queued_age: Some(Duration::from_secs(40)),
+            }),
+            now - Duration::from_secs(2),
+            wall,
+        );
+        s.record(
+            "b",
+            Ok(QueueBacklog {
+                queued_slots: 1,
+                queued_tasks: 1,
+                oldest_queued_age: Some(Duration::from_secs(41)),
+                ..QueueBacklog::default()
+            }),
+            now,
+            wall,
+        );
+        let WorkerAnswer::Ready(b) = worker_answer(
+            &worker(&["a", "b"], 4, 0, 100),
+            &s,
+            now,
+            Duration::from_secs(30),
+        ) else {
+            panic!("expected ready")
+        };
+        assert_eq!((b.queued, b.running, b.backlog), (8, 3, 11));
+        assert_eq!((b.queued_tasks, b.running_tasks), (4, 1));
+        assert_eq!(b.desired_replicas, 3, "ceil(11 slots / 4)");
+        // a's 40 s as read 2 s ago is 42 s now, older than b's 41 s read just now.
+        assert_eq!(b.oldest_queued_age_seconds, 42.0);
+        let json = serde_json::to_value(&b).unwrap();
+        assert_eq!(json["backlog"], 11);
+        assert_eq!(json["queuedTasks"], 4);
+        assert_eq!(json["runningTasks"], 1);
+        assert_eq!(json["oldestQueuedAgeSeconds"], 42.0);
     }
 
     #[test]
@@ -278,10 +346,10 @@ mod tests {
         let now = Instant::now();
         let wall = SystemTime::now();
         let mut s = Snapshot::empty(&["a".to_string(), "b".to_string()]);
-        s.record("a", Ok(QueueCounts::default()), now, wall);
+        s.record("a", Ok(QueueBacklog::default()), now, wall);
         s.record(
             "b",
-            Ok(QueueCounts::default()),
+            Ok(QueueBacklog::default()),
             now - Duration::from_secs(31),
             wall,
         );
@@ -307,7 +375,7 @@ mod tests {
         // Exactly at the limit is still fresh.
         s.record(
             "b",
-            Ok(QueueCounts::default()),
+            Ok(QueueBacklog::default()),
             now - Duration::from_secs(30),
             wall,
         );

@@ -3,8 +3,7 @@
 //! decisions are the same. Time is tokio's paused clock (the refresh cadence) and a wall clock
 //! derived from it (the history's timestamps): 10 minutes pass in milliseconds.
 
-use airflow::rest_api::QueueCounts;
-use astro_sentinel::backlog_source::{BacklogSource, QueueOutcome};
+use astro_sentinel::backlog_source::{BacklogSource, QueueBacklog, QueueOutcome};
 use astro_sentinel::cache::{BacklogCache, Snapshot};
 use astro_sentinel::config::Config;
 use astro_sentinel::history::answer::HistoryAnswer;
@@ -25,14 +24,20 @@ use tokio::time::Instant;
 
 /// The backlog both replicas read: what the test sets, answered at once.
 #[derive(Default)]
-struct SharedSource(Mutex<HashMap<String, QueueCounts>>);
+struct SharedSource(Mutex<HashMap<String, QueueBacklog>>);
 
 impl SharedSource {
     fn set(&self, queue: &str, queued: u64, running: u64) {
-        self.0
-            .lock()
-            .unwrap()
-            .insert(queue.into(), QueueCounts { queued, running });
+        self.0.lock().unwrap().insert(
+            queue.into(),
+            QueueBacklog {
+                queued_tasks: queued,
+                running_tasks: running,
+                queued_slots: queued,
+                running_slots: running,
+                oldest_queued_age: None,
+            },
+        );
     }
 }
 

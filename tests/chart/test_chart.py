@@ -404,6 +404,41 @@ def test_scaledobject_reads_the_workers_backlog_from_the_sentinel(chart, name):
             assert bound["parameter"] == "bearerToken"
 
 
+def test_queued_age_trigger_is_off_by_default(chart):
+    assert chart_defaults()["workerDefaults"]["keda"]["queuedAge"]["enabled"] is False
+    for name in VALID_SCENARIOS:
+        for so in chart.render(scenario(name)).all("ScaledObject"):
+            assert all(t["metadata"].get("valueLocation") != "oldestQueuedAgeSeconds" for t in so["spec"]["triggers"])
+
+
+@pytest.mark.parametrize("name", ["keda-static", "keda-bound"])
+def test_queued_age_trigger_reads_the_oldest_wait_against_its_target(chart, validate, name):
+    """Seed 002's latency target: a second metrics-api trigger on the same Sentinel answer,
+    metricType Value so that the pool grows by age / target; the backlog trigger is unchanged."""
+    plain = chart.render(scenario(name)).all("ScaledObject")[0]
+    sets = ["workers[0].keda.queuedAge.enabled=true", "workers[0].keda.queuedAge.targetSeconds=90"]
+    so = chart.render(scenario(name), sets=sets).all("ScaledObject")[0]
+    validate(so)
+    backlog, age = so["spec"]["triggers"]
+    assert backlog == plain["spec"]["triggers"][0]
+    assert age["type"] == "metrics-api" and age["name"] == "oldest-queued-age"
+    assert age["metricType"] == "Value"
+    md = age["metadata"]
+    assert md["valueLocation"] == "oldestQueuedAgeSeconds" and md["format"] == "json"
+    assert md["targetValue"] == "90"
+    assert md["url"] == backlog["metadata"]["url"]
+    assert md["authModes"] == "bearer"
+    assert age["authenticationRef"] == backlog["authenticationRef"]
+
+
+def test_queued_age_target_must_be_positive(chart):
+    err = chart.render_error(
+        scenario("keda-static"),
+        sets=["workers[0].keda.queuedAge.enabled=true", "workers[0].keda.queuedAge.targetSeconds=0"],
+    )
+    assert "targetSeconds" in err
+
+
 def test_keda_defaults_from_the_seed(chart):
     so = chart.render(scenario("keda-static")).get("ScaledObject", "astro-worker-default-worker")
     spec = so["spec"]

@@ -76,18 +76,19 @@ def sentinel_bin() -> Path:
 class Sentinel:
     """One astro-sentinel process with a config file and a static token."""
 
-    def __init__(self, binary: Path, folder: Path, source: dict, env: dict[str, str]):
+    def __init__(self, binary: Path, folder: Path, source: dict, env: dict[str, str],
+                 workers: list[dict] | None = None, refresh: float = REFRESH, staleness: float = STALENESS):
         self.folder = folder
         self.port = free_port()
         folder.mkdir(parents=True, exist_ok=True)
         tokens = folder / "tokens"
         tokens.write_text(f"# KEDA's token\n{TOKEN}\n")
         config = {
-            "refreshInterval": f"{int(REFRESH * 1000)}ms",
-            "stalenessLimit": f"{int(STALENESS)}s",
+            "refreshInterval": f"{int(refresh * 1000)}ms",
+            "stalenessLimit": f"{int(staleness)}s",
             "source": source,
             "auth": {"staticTokensFile": str(tokens)},
-            "workers": [
+            "workers": workers or [
                 {"name": WORKER, "queues": [QUEUE], "syncSlots": SYNC_SLOTS, "minReplicas": 0, "maxReplicas": 10},
                 {"name": SHARED, "queues": [QUEUE], "syncSlots": 16, "minReplicas": 1, "maxReplicas": 5},
             ],
@@ -256,9 +257,9 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, python_e
     if source == "airflow-api":
         source_config = {"type": "airflow-api", "airflowApi": {"url": airflow.api_base}}
         env = {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"}
-        # The queued+running and the queued count of the one distinct queue, and the list of
-        # Edge workers (the history's Running line outside Kubernetes).
-        upstream_per_refresh = 3
+        # One page of the one distinct queue's task instances (30 < 100), and the list of Edge
+        # workers (the history's Running line outside Kubernetes).
+        upstream_per_refresh = 2
     else:
         role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
         airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
@@ -322,6 +323,7 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
     assert answer["worker"] == WORKER
     assert answer["queues"] == [QUEUE]
     assert (answer["queued"], answer["running"]) == (TASKS, 0)
+    assert (answer["queuedTasks"], answer["runningTasks"]) == (TASKS, 0)
     assert backlog_of(answer) == TASKS
     assert answer["syncSlots"] == SYNC_SLOTS
     assert answer["desiredReplicas"] == math.ceil(TASKS / SYNC_SLOTS) == 8

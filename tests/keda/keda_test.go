@@ -98,20 +98,26 @@ func (k *kedaOperator) setDeploymentReplicas(t *testing.T, name, namespace strin
 	}
 }
 
-// backlogTrigger is the metrics-api trigger of a ScaledObject that reads the Sentinel.
+// backlogTrigger is a metrics-api trigger of a ScaledObject that reads the Sentinel: the
+// backlog one, or the optional one on the oldest queued task's wait.
 type backlogTrigger struct {
 	Index   int
 	Trigger kedav1alpha1.ScaleTriggers
 }
 
-func backlogTriggers(so *kedav1alpha1.ScaledObject) []backlogTrigger {
+// sentinelTriggers are the metrics-api triggers that read the Sentinel's `valueLocation`.
+func sentinelTriggers(so *kedav1alpha1.ScaledObject, valueLocation string) []backlogTrigger {
 	var out []backlogTrigger
 	for i, tr := range so.Spec.Triggers {
-		if tr.Type == metricsAPIType {
+		if tr.Type == metricsAPIType && tr.Metadata["valueLocation"] == valueLocation {
 			out = append(out, backlogTrigger{i, tr})
 		}
 	}
 	return out
+}
+
+func backlogTriggers(so *kedav1alpha1.ScaledObject) []backlogTrigger {
+	return sentinelTriggers(so, "backlog")
 }
 
 func onlyBacklogTrigger(t *testing.T, so *kedav1alpha1.ScaledObject) backlogTrigger {

@@ -15,7 +15,9 @@ import (
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	"github.com/kedacore/keda/v2/pkg/scalers/authentication"
+	"github.com/kedacore/keda/v2/pkg/scaling/cache"
 	"github.com/kedacore/keda/v2/pkg/scaling/resolver"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,6 +39,8 @@ type sentinelAnswer struct {
 	DesiredReplicas int32    `json:"desiredReplicas"`
 	MinReplicas     int32    `json:"minReplicas"`
 	MaxReplicas     int32    `json:"maxReplicas"`
+	// OldestQueuedAgeSeconds is how long the oldest queued task has waited.
+	OldestQueuedAgeSeconds float64 `json:"oldestQueuedAgeSeconds"`
 }
 
 type liveEnv struct {
@@ -200,7 +204,38 @@ func TestKEDAReadsTheBacklog(t *testing.T) {
 					t.Errorf("an awake pool: the HPA would ask for %d replicas, the Sentinel says %d", hpa, ans.DesiredReplicas)
 				}
 			}
+			checkAgeTrigger(t, ctx, e, c, so, name, expected > 0)
 		})
+	}
+}
+
+// checkAgeTrigger: where the values add the trigger on the oldest queued wait, KEDA's metric
+// for it is a Value target and KEDA's metrics-api scaler reads the Sentinel's
+// oldestQueuedAgeSeconds (0 with nothing queued; nothing serves the queue, so every task counted
+// in the backlog is queued).
+func checkAgeTrigger(t *testing.T, ctx context.Context, e *liveEnv, c *cache.ScalersCache,
+	so *kedav1alpha1.ScaledObject, name string, queued bool) {
+	t.Helper()
+	for _, at := range sentinelTriggers(so, "oldestQueuedAgeSeconds") {
+		spec := metricSpecOf(t, ctx, c, at.Index)
+		if spec.External.Target.Type != autoscalingv2.ValueMetricType || spec.External.Target.Value == nil {
+			t.Fatalf("the age trigger's HPA target is %+v, want a Value", spec.External.Target)
+		}
+		_, before := e.ask(t, name)
+		metrics, _, _, err := c.GetMetricsAndActivityForScaler(ctx, at.Index, spec.External.Metric.Name)
+		if err != nil || len(metrics) != 1 {
+			t.Fatalf("KEDA's metrics-api scaler reading the oldest wait: %+v, %v", metrics, err)
+		}
+		_, after := e.ask(t, name)
+		age := metrics[0].Value.AsApproximateFloat64()
+		t.Logf("oldest queued wait: KEDA reads %.3fs (the Sentinel said %.3fs, then %.3fs), target %s",
+			age, before.OldestQueuedAgeSeconds, after.OldestQueuedAgeSeconds, spec.External.Target.Value)
+		if queued != (age > 0) {
+			t.Errorf("KEDA reads an oldest wait of %.3fs with queued tasks: %v", age, queued)
+		}
+		if age < before.OldestQueuedAgeSeconds-0.01 || age > after.OldestQueuedAgeSeconds+0.01 {
+			t.Errorf("KEDA reads %.3fs, outside the Sentinel's %.3fs..%.3fs", age, before.OldestQueuedAgeSeconds, after.OldestQueuedAgeSeconds)
+		}
 	}
 }
 

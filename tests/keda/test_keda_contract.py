@@ -24,7 +24,9 @@ prepares the inputs and the peers, then runs the binary once per scenario and ph
   ``sentinel``: backlog 0, 30 (DAG ``e2e_queued_30``), 13 and 1 (the others set to ``skipped``
   through the REST API) → KEDA reads each backlog (plus the auth checks at 30); the api-server
   stopped until every Sentinel answers 503 → KEDA sees errors and applies its fallback; the
-  api-server back → KEDA reads 1 again.
+  api-server back → KEDA reads 1 again. Last, task slots rather than tasks: the last queued task
+  skipped, DAG ``e2e_slots_mix`` queues 7 tasks of 13 slots (4 × 1 + 3 × 3) → KEDA reads 13 and
+  the replicas its HPA computes are ceil(13 / syncSlots), as the Sentinel says.
 
 Environment (set by run.sh): ``ASTRO_HELM``, ``ASTRO_SENTINEL_BIN``, ``KEDA_CONTRACT_TEST_BIN``;
 optional ``KEDA_CONTRACT_CHART`` (another chart folder) and ``KEDA_CONTRACT_EXTRA_VALUES``
@@ -64,6 +66,7 @@ RELEASE = "rel"
 QUEUE = "sentinel"
 DAG = "e2e_queued_30"
 TASKS = 30
+SLOTS_DAG, SLOTS_TASKS, SLOTS = "e2e_slots_mix", 7, 4 * 1 + 3 * 3
 CONTRACT = "contract"
 SCENARIOS = {p.stem: [p] for p in sorted((ROOT / "tests" / "chart" / "values").glob("*.yaml"))}
 SCENARIOS[CONTRACT] = [HERE / "values" / "contract.yaml"]
@@ -347,6 +350,15 @@ def test_keda_against_the_real_sentinel(scenarios):
         stack.start_api_server()
         reach(1, "backlog 1 after the api-server is back", 60)
         keda_reads(1)
+
+        # Slots, not tasks: a pool of 3-slot tasks needs three times the workers.
+        set_states(stack, run_id, 0)
+        wait_for(lambda: stack.client.count(QUEUE, ["queued", "running"]) == 0, 60, f"0 left on {QUEUE}")
+        stack.client.trigger(SLOTS_DAG)
+        wait_for(lambda: stack.client.count(QUEUE, ["queued"]) == SLOTS_TASKS, 180,
+                 f"{SLOTS_TASKS} queued on {QUEUE}")
+        reach(SLOTS, f"backlog {SLOTS} slots ({SLOTS_TASKS} tasks)", 30)
+        keda_reads(SLOTS)
     finally:
         for sc in live:
             if sc.sentinel is not None:

@@ -88,7 +88,7 @@ mod tests {
     use super::super::range::HistoryRange;
     use super::super::store::HistoryData;
     use super::*;
-    use airflow::rest_api::QueueCounts;
+    use crate::backlog_source::QueueBacklog;
     use std::time::{SystemTime, UNIX_EPOCH};
 
     /// A wall clock the test sets.
@@ -155,7 +155,41 @@ mod tests {
         (clock, history, recorder)
     }
 
-    fn snapshot(counts: Option<QueueCounts>, read_at: Instant) -> Snapshot {
+    /// Task instances of one slot each.
+    fn tasks(queued: u64, running: u64) -> QueueBacklog {
+        QueueBacklog {
+            queued_tasks: queued,
+            running_tasks: running,
+            queued_slots: queued,
+            running_slots: running,
+            oldest_queued_age: None,
+        }
+    }
+
+    #[test]
+    fn backlog_is_recorded_in_slots_beside_the_task_counts() {
+        let (_clock, history, recorder) = setup(Arc::new(NoClusterSource));
+        let now = Instant::now();
+        // 3 queued tasks of 3 slots, 2 running of 1: 11 slots, ceil(11 / 4) = 3 wanted.
+        let mixed = Some(QueueBacklog {
+            queued_tasks: 3,
+            running_tasks: 2,
+            queued_slots: 9,
+            running_slots: 2,
+            oldest_queued_age: None,
+        });
+        recorder.record_refresh(&snapshot(mixed, now), now);
+        let a = history.answer(&worker(), HistoryRange::OneHour);
+        assert_eq!(a.series[0].backlog, 11);
+        assert_eq!(a.tiles.peak_wanted, Some(3));
+        let peak = serde_json::to_value(&a.series[0]).unwrap();
+        assert_eq!(
+            (peak["queued"].as_u64(), peak["runningTasks"].as_u64()),
+            (Some(3), Some(2))
+        );
+    }
+
+    fn snapshot(counts: Option<QueueBacklog>, read_at: Instant) -> Snapshot {
         let mut s = Snapshot::empty(&["q".to_string()]);
         if let Some(c) = counts {
             s.record("q", Ok(c), read_at, SystemTime::now());
@@ -167,10 +201,7 @@ mod tests {
     fn each_refresh_stands_for_the_time_since_the_last_capped_at_the_staleness_limit() {
         let (clock, history, recorder) = setup(Arc::new(NoClusterSource));
         let now = Instant::now();
-        let busy = Some(QueueCounts {
-            queued: 30,
-            running: 10,
-        });
+        let busy = Some(tasks(30, 10));
         recorder.record_refresh(&snapshot(busy, now), now); // first: one interval, 2 s
         clock.advance(Duration::from_secs(3));
         recorder.record_refresh(&snapshot(busy, now), now); // 3 s
@@ -193,10 +224,7 @@ mod tests {
         recorder.record_refresh(&snapshot(None, now), now); // not loaded
         clock.advance(Duration::from_secs(20));
         let stale_read = now - Duration::from_secs(31);
-        let old = Some(QueueCounts {
-            queued: 1,
-            running: 0,
-        });
+        let old = Some(tasks(1, 0));
         recorder.record_refresh(&snapshot(old, stale_read), now); // stale
         let a = history.answer(&worker(), HistoryRange::FifteenMinutes);
         assert!(a.series.is_empty(), "{:?}", a.series);
@@ -219,10 +247,7 @@ mod tests {
         };
         let (_clock, history, recorder) = setup(Arc::new(FixedCluster(view)));
         let now = Instant::now();
-        let counts = Some(QueueCounts {
-            queued: 12,
-            running: 4,
-        });
+        let counts = Some(tasks(12, 4));
         recorder.record_refresh(&snapshot(counts, now), now);
         let a = history.answer(&worker(), HistoryRange::OneHour);
         assert!(a.missing.is_empty());

@@ -13,8 +13,11 @@ pub struct Sample {
     /// What the Sentinel tells KEDA: `wanted` held within min..max.
     pub desired_replicas: u32,
     pub cluster: ClusterView,
+    /// Task slots, as KEDA is told: `wanted` is computed from it.
     pub backlog: u32,
+    /// Queued task instances (tasks, not slots: the slots are in `backlog`).
     pub queued: u32,
+    /// Running task instances.
     pub running_tasks: u32,
     pub min_replicas: u32,
     pub max_replicas: u32,
@@ -28,8 +31,8 @@ impl Sample {
             desired_replicas: answer.desired_replicas,
             cluster,
             backlog: saturate(answer.backlog),
-            queued: saturate(answer.queued),
-            running_tasks: saturate(answer.running),
+            queued: saturate(answer.queued_tasks),
+            running_tasks: saturate(answer.running_tasks),
             min_replicas: answer.min_replicas,
             max_replicas: answer.max_replicas,
             sync_slots: answer.sync_slots,
@@ -103,9 +106,12 @@ pub(crate) mod tests {
         let answer = WorkerBacklog {
             worker: "w".into(),
             queues: vec!["q".into()],
-            queued: 30,
+            queued: 60,
             running: 10,
-            backlog: 40,
+            backlog: 70,
+            queued_tasks: 30,
+            running_tasks: 10,
+            oldest_queued_age_seconds: 0.0,
             sync_slots: 4,
             desired_replicas: 5,
             min_replicas: 1,
@@ -116,10 +122,14 @@ pub(crate) mod tests {
         let s = Sample::new(&answer, ClusterView::default());
         assert_eq!(
             (s.wanted, s.desired_replicas),
-            (10, 5),
-            "wanted is not clamped"
+            (18, 5),
+            "wanted is ceil(70 slots / 4), not clamped"
         );
-        assert_eq!((s.queued, s.running_tasks, s.backlog), (30, 10, 40));
+        assert_eq!(
+            (s.queued, s.running_tasks, s.backlog),
+            (30, 10, 70),
+            "task counts beside the backlog in slots"
+        );
     }
 
     #[test]
