@@ -51,6 +51,8 @@ type pushEnv struct {
 		Password string `json:"password"`
 		DAG      string `json:"dag"`
 	} `json:"airflow"`
+	// The live Sentinel's refreshInterval (e.g. "1s").
+	Refresh string `json:"refresh"`
 	// Benchmark only: trials and the metrics-api polling intervals (seconds) to compare.
 	Trials           int   `json:"trials"`
 	PollingIntervals []int `json:"pollingIntervals"`
@@ -371,8 +373,9 @@ func streamCode(t *testing.T, address, worker string, auth ...map[string]string)
 
 // TestWakeUpLatencyBenchmark (benchmarks/sentinel/push_latency.sh): queued_dttm → KEDA active
 // for KEDA's external-push scaler and for KEDA's metrics-api scaler polled at each interval,
-// the same queued task seen by all of them, over e.Trials trials. A poll loop starts each trial
-// at a random phase (KEDA's ticker is not aligned with Airflow); the push stream stays open.
+// the same queued task seen by all of them, over e.Trials trials. Each trial starts at a random
+// point of the Sentinel's refresh cycle, and a poll loop at a random phase (KEDA's ticker is not
+// aligned with Airflow); the push stream stays open.
 func TestWakeUpLatencyBenchmark(t *testing.T) {
 	e := loadPushEnv(t)
 	if e.Trials == 0 {
@@ -392,8 +395,15 @@ func TestWakeUpLatencyBenchmark(t *testing.T) {
 	for _, s := range e.PollingIntervals {
 		names = append(names, fmt.Sprintf("metrics-api every %ds", s))
 	}
+	refresh, err := time.ParseDuration(e.Refresh)
+	if err != nil {
+		t.Fatalf("refresh %q: %v", e.Refresh, err)
+	}
 	latencies := make(map[string][]time.Duration)
 	for trial := 1; trial <= e.Trials; trial++ {
+		// The previous trial ended at a refresh (the pushed false): a random pause puts the
+		// next task at a random point of the refresh cycle, as Airflow's tasks are.
+		time.Sleep(time.Duration(rand.Int64N(int64(refresh))))
 		trialCtx, stop := context.WithCancel(ctx)
 		found := make(chan struct {
 			name string

@@ -160,6 +160,6 @@ def test_wake_up_latency_benchmark(push_env):
     path, env, _ = push_env
     polls = [int(s) for s in os.environ.get("KEDA_PUSH_BENCH_POLL", "30").split(",") if s.strip()]
     path.write_text(json.dumps({**env, "trials": trials, "pollingIntervals": polls}, indent=2))
-    out = go_test("TestWakeUpLatencyBenchmark", path, trials * (max(polls) + 90) + 120)
+    out = go_test("TestWakeUpLatencyBenchmark", path, trials * (max(polls, default=0) + 90) + 120)
     summary = [line.strip() for line in out.splitlines() if "BENCH" in line]
     print(f"\nrefresh interval {env['refresh']}, {trials} trials:\n" + "\n".join(summary))
