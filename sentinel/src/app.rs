@@ -10,8 +10,10 @@ use crate::auth::Authenticator;
 use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
 use crate::cluster::{kube_client, review_client, DeletionCostLoop, WorkloadWatch};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, WorkerConfig};
 use crate::edge_worker_census::EdgeWorkerCensus;
+use crate::external_scaler::server as external_scaler_server;
+use crate::external_scaler::service::ExternalScalerService;
 use crate::history::clock::SystemClock;
 use crate::history::cluster::ClusterSource;
 use crate::history::instance::instance_name;
@@ -29,6 +31,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic::transport::ServerTlsConfig;
 
 /// Why the Sentinel could not start: bad configuration (exit 2) or anything else (exit 1).
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +49,40 @@ pub struct Running {
     tasks: Vec<JoinHandle<()>>,
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
+    /// What the external scaler port answers from.
+    cache: Arc<BacklogCache>,
+    workers: Vec<WorkerConfig>,
+    staleness_limit: std::time::Duration,
 }
 
 impl Running {
     /// The address the server listens on (useful with port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Serves KEDA's external scaler API on `listener` as well (with `tls` when set), from the
+    /// same cache as `/v1`; returns its address.
+    pub fn serve_external_scaler(
+        &mut self,
+        listener: TcpListener,
+        tls: Option<ServerTlsConfig>,
+    ) -> Result<SocketAddr, StartError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StartError::Runtime(format!("external scaler listener address: {e}")))?;
+        let tls_enabled = tls.is_some();
+        let service = ExternalScalerService::new(
+            &self.workers,
+            self.cache.clone(),
+            self.staleness_limit,
+            self.shutdown.subscribe(),
+        );
+        let task =
+            external_scaler_server::spawn(listener, tls, service, self.shutdown.subscribe())?;
+        self.tasks.push(task);
+        tracing::info!(%addr, tls = tls_enabled, "serving KEDA's external scaler API");
+        Ok(addr)
     }
 
     /// Stops accepting, drains in-flight requests, stops the refresh loop.
@@ -70,14 +101,31 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| StartError::Runtime(format!("cannot listen on {}: {e}", settings.listen)))?;
-    start_with(
+    // Read the TLS files before anything starts: a bad file is a configuration error.
+    let external_scaler = match &settings.external_scaler {
+        Some(s) => {
+            let listener = TcpListener::bind(s.listen)
+                .await
+                .map_err(|e| StartError::Runtime(format!("cannot listen on {}: {e}", s.listen)))?;
+            Some((listener, s.server_tls()?))
+        }
+        None => None,
+    };
+    let mut running = start_with(
         settings.config,
         settings.kubernetes,
         source,
         metrics,
         listener,
     )
-    .await
+    .await?;
+    if let Some((listener, tls)) = external_scaler {
+        if let Err(e) = running.serve_external_scaler(listener, tls) {
+            running.stop().await;
+            return Err(e);
+        }
+    }
+    Ok(running)
 }
 
 pub fn build_source(
@@ -268,9 +316,10 @@ pub async fn start_with(
     let addr = listener
         .local_addr()
         .map_err(|e| StartError::Runtime(format!("listener address: {e}")))?;
+    let workers = config.workers.clone();
     let state = Arc::new(AppState::new(
         config.workers,
-        cache,
+        cache.clone(),
         config.staleness_limit,
         auth,
         metrics.clone(),
@@ -298,5 +347,8 @@ pub async fn start_with(
         tasks,
         metrics,
         readiness,
+        cache,
+        workers,
+        staleness_limit: config.staleness_limit,
     })
 }

@@ -2,12 +2,14 @@
 //! the latest attempt failed if it did.
 //!
 //! The refresh loop is the only writer; it publishes a new immutable [`Snapshot`] after every
-//! refresh. Requests only clone an `Arc`, so answering KEDA never waits for Airflow.
+//! refresh. Requests only clone an `Arc`, so answering KEDA never waits for Airflow; the
+//! external scaler's streams [`subscribe`](BacklogCache::subscribe) to hear of each refresh.
 
 use crate::backlog_source::QueueBacklog;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
+use tokio::sync::watch;
 
 /// One successful read of a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,29 +81,29 @@ impl Snapshot {
 
 /// The shared cache: one published snapshot, replaced whole by the refresh loop.
 pub struct BacklogCache {
-    current: RwLock<Arc<Snapshot>>,
+    current: watch::Sender<Arc<Snapshot>>,
 }
 
 impl BacklogCache {
     pub fn new(initial: Snapshot) -> Self {
         BacklogCache {
-            current: RwLock::new(Arc::new(initial)),
+            current: watch::Sender::new(Arc::new(initial)),
         }
     }
 
     /// The latest snapshot; the lock is held only to clone an `Arc`.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.current
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        self.current.borrow().clone()
     }
 
+    /// Replaces the snapshot and wakes every subscriber.
     pub fn publish(&self, snapshot: Snapshot) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(snapshot);
+        self.current.send_replace(Arc::new(snapshot));
+    }
+
+    /// A receiver that sees each published snapshot (at least the latest one).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.current.subscribe()
     }
 }
 
@@ -142,5 +144,16 @@ mod tests {
         cache.publish(next);
         assert!(before.queue("a").unwrap().last.is_none());
         assert!(cache.snapshot().queue("a").unwrap().last.is_some());
+    }
+
+    #[test]
+    fn subscribers_hear_of_each_publication() {
+        let cache = BacklogCache::new(Snapshot::empty(&["a".to_string()]));
+        let mut rx = cache.subscribe();
+        assert!(!rx.has_changed().unwrap());
+        cache.publish(Snapshot::empty(&["a".to_string()]));
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        assert!(!rx.has_changed().unwrap());
     }
 }

@@ -7,7 +7,8 @@
 //! never reach Airflow. A worker whose data is missing or older than the staleness limit
 //! answers 503 — never a made-up 0. After each refresh the [`history`] records what every
 //! worker would be told, for `GET /v1/workers/{name}/history`; the page at `/ui/` ([`ui`])
-//! reads that same API.
+//! reads that same API. On a port of its own, the [`external_scaler`] serves KEDA's external
+//! scaler gRPC API from the same cache, and pushes activity to KEDA as each refresh lands.
 
 pub mod airflow_api_source;
 pub mod api;
@@ -18,6 +19,7 @@ pub mod cache;
 pub mod cluster;
 pub mod config;
 pub mod edge_worker_census;
+pub mod external_scaler;
 pub mod history;
 pub mod metrics;
 pub mod postgres_source;

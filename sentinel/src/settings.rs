@@ -7,6 +7,7 @@
 
 use crate::config::{Config, ConfigError, PostgresCa, PostgresOptions, SourceConfig};
 use crate::postgres_url;
+use crate::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
 use airflow::rest_api::RestCredentials;
 use airflow::secret_file::{value_or_file, SecretError};
 use airflow::trusted_ca::TrustedCa;
@@ -111,6 +112,9 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_CA_FILE", value_name = "PATH",
           default_value = DEFAULT_KUBERNETES_CA_FILE)]
     pub kubernetes_ca_file: PathBuf,
+
+    #[command(flatten)]
+    pub external_scaler: ExternalScalerFlags,
 }
 
 /// Everything the Sentinel needs, validated.
@@ -121,6 +125,8 @@ pub struct Settings {
     pub source: SourceSettings,
     /// Set when `auth.tokenReview` is configured.
     pub kubernetes: Option<KubernetesAccess>,
+    /// Set when KEDA's external scaler API is served (`--external-scaler-listen`).
+    pub external_scaler: Option<ExternalScalerSettings>,
 }
 
 /// The configured source together with its credentials.
@@ -198,11 +204,14 @@ impl Settings {
         } else {
             None
         };
+        let external_scaler =
+            ExternalScalerSettings::from_flags(&flags.external_scaler, config.auth.disabled)?;
         Ok(Settings {
             config,
             listen,
             source,
             kubernetes,
+            external_scaler,
         })
     }
 }

@@ -2,9 +2,9 @@
 # Proves the KEDA contract with KEDA's own code (see test_keda_contract.py): the chart's
 # ScaledObjects and TriggerAuthentications go through KEDA's types, admission checks and scaler
 # builder, and KEDA's metrics-api scaler, metrics server and fallback run against the real
-# astro-sentinel fed by a real Airflow.
+# astro-sentinel fed by a real Airflow; KEDA's external-push scaler too (test_external_push.py).
 #
-#   tests/keda/run.sh [pytest args]
+#   tests/keda/run.sh [pytest args]     (e.g. tests/keda/test_external_push.py to run only that file)
 #
 # What it needs and fetches (cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}):
 #   go/<go version>/{mod,build}  Go modules (KEDA pinned in go.mod) and the build cache
@@ -53,4 +53,9 @@ echo "KEDA contract test binary built in $((SECONDS - start)) s (GOCACHE $GOCACH
 
 export ASTRO_HELM ASTRO_SENTINEL_BIN KEDA_CONTRACT_TEST_BIN="$work/kedacontract.test"
 cd "$root"
-"$tools/bin/python" -m pytest -p no:cacheprovider -v -s tests/keda/test_keda_contract.py "$@"
+# Both driver files unless the arguments name test files themselves.
+files=(tests/keda/test_keda_contract.py tests/keda/test_external_push.py)
+for arg in "$@"; do
+  case "$arg" in *.py | *.py::*) files=() ;; esac
+done
+"$tools/bin/python" -m pytest -p no:cacheprovider -v -s "${files[@]}" "$@"

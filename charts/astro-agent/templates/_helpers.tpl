@@ -359,6 +359,11 @@ Every refusal names the key and the fix.
 {{- if gt $min $max -}}
 {{- fail (printf "workers[%d].keda.minReplicaCount (%d) is greater than workers[%d].keda.maxReplicaCount (%d)" $i $min $i $max) -}}
 {{- end -}}
+{{- $trigger := toString (default "metrics-api" $w.keda.trigger) -}}
+{{- if not (has $trigger (list "metrics-api" "external-push")) -}}
+{{- fail (printf "workers[%d].keda.trigger is %q: use metrics-api or external-push" $i $trigger) -}}
+{{- end -}}
+{{- $_ := set $w.keda "trigger" $trigger -}}
 {{- $fb := $w.keda.fallback.replicas -}}
 {{- if kindIs "invalid" $fb -}}{{- $fb = max $min 1 -}}{{- end -}}
 {{- $_ := set $w "fallbackReplicas" (int $fb) -}}
@@ -400,6 +405,31 @@ Every refusal names the key and the fix.
 {{- if eq $w.mode "keda" -}}{{- $k = append $k $w -}}{{- end -}}
 {{- end -}}
 {{- toJson (dict "workers" $k) -}}
+{{- end -}}
+
+{{/* "true" when a KEDA worker uses the external-push trigger: the Sentinel then serves KEDA's
+external scaler API on its gRPC port, behind mutual TLS. */}}
+{{- define "astro-agent.externalScalerEnabled" -}}
+{{- range $w := (include "astro-agent.kedaWorkers" . | fromJson).workers -}}
+{{- if eq $w.keda.trigger "external-push" -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The gRPC port of the Sentinel's external scaler API. */}}
+{{- define "astro-agent.externalScalerPort" -}}39093{{- end -}}
+
+{{/* The Secret with the Sentinel's serving certificate and the CA it trusts for clients. */}}
+{{- define "astro-agent.externalScalerServerSecretName" -}}
+{{- default (printf "%s-sentinel-external-scaler-tls" (include "astro-agent.prefix" .)) .Values.sentinel.externalScaler.tls.serverSecret -}}
+{{- end -}}
+
+{{/* The Secret with KEDA's client certificate and the CA of the Sentinel's certificate. */}}
+{{- define "astro-agent.externalScalerClientSecretName" -}}
+{{- default (printf "%s-keda-external-scaler-tls" (include "astro-agent.prefix" .)) .Values.sentinel.externalScaler.tls.clientSecret -}}
+{{- end -}}
+
+{{- define "astro-agent.externalPushAuthName" -}}
+{{- printf "%s-keda-sentinel-external-push" (include "astro-agent.prefix" .) -}}
 {{- end -}}
 
 {{/*
