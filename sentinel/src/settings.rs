@@ -6,8 +6,8 @@
 //! the environment, and Kubernetes credentials from the service-account files.
 
 use crate::config::{Config, ConfigError, PostgresCa, PostgresOptions, SourceConfig};
-use crate::postgres_url;
 use crate::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
+use crate::postgres_url;
 use airflow::rest_api::RestCredentials;
 use airflow::secret_file::{value_or_file, SecretError};
 use airflow::trusted_ca::TrustedCa;

@@ -249,7 +249,7 @@ impl ExternalScaler for ExternalScalerService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airflow::rest_api::QueueCounts;
+    use crate::backlog_source::QueueBacklog;
     use std::time::SystemTime;
     use tokio_stream::StreamExt;
     use tonic::Code;
@@ -268,8 +268,12 @@ mod tests {
 
     fn snapshot(queued: u64, age: Duration) -> Snapshot {
         let mut s = Snapshot::empty(&["q".to_string()]);
-        let counts = QueueCounts { queued, running: 0 };
-        s.record("q", Ok(counts), Instant::now() - age, SystemTime::now());
+        let backlog = QueueBacklog {
+            queued_tasks: queued,
+            queued_slots: queued,
+            ..QueueBacklog::default()
+        };
+        s.record("q", Ok(backlog), Instant::now() - age, SystemTime::now());
         s
     }
 
