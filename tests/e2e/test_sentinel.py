@@ -364,7 +364,8 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
     # Upstream cost: a fixed number of reads per refresh, however often we asked.
     refreshes = s.metric("astro_sentinel_refreshes_total")
     upstream = s.metric("astro_sentinel_upstream_requests_total")
-    assert refreshes * upstream_per_refresh <= upstream <= (refreshes + 1) * upstream_per_refresh + 4, \
+    # The list of Edge workers runs on its own loop: it may be one behind the refreshes.
+    assert refreshes * upstream_per_refresh - 1 <= upstream <= (refreshes + 1) * upstream_per_refresh + 4, \
         (refreshes, upstream)
 
     # 3. Thirty more queued, then the upstream goes away: the last value, then 503 — never 0.
