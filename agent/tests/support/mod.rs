@@ -378,12 +378,15 @@ pub async fn start_agent_with_env(
         .env("ASTRO_AGENT_PYTHON", &python)
         // The fake supervisor is a shell script; the pre-fork launcher has tests of its own.
         .env("ASTRO_AGENT_LAUNCH_MODE", "fresh")
-        .env("ASTRO_AGENT_JWT_SECRET", SECRET)
         .env("RUST_LOG", "info")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .kill_on_drop(true);
+    // The secret as an environment variable unless the test gives its file (both: exit 2).
+    if !extra.contains(&"--jwt-secret-file") {
+        cmd.env("ASTRO_AGENT_JWT_SECRET", SECRET);
+    }
     let child = cmd.spawn().unwrap();
     Agent {
         child,
