@@ -48,11 +48,11 @@ fn configuration_errors_never_quote_a_secret() {
     );
     let postgres = dir.file(
         "pg.yaml",
-        "source: {type: postgres}\nauth: {disabled: true}\n",
+        "source: {type: postgres, postgres: {sslMode: disable}}\nauth: {disabled: true}\n",
     );
     let missing_tokens = dir.file(
         "tokens.yaml",
-        "source: {type: postgres}\nauth: {staticTokensFile: /nonexistent/tokens}\n",
+        "source: {type: postgres, postgres: {sslMode: disable}}\nauth: {staticTokensFile: /nonexistent/tokens}\n",
     );
     let good_pg = format!("postgres://u:{PG_PASSWORD}@127.0.0.1:9/db");
     let cases: Vec<(&std::path::Path, Vec<(&str, String)>)> = vec![
@@ -198,7 +198,7 @@ async fn a_running_sentinel_never_logs_its_secrets() {
     let postgres = dir.file(
         "pg.yaml",
         &format!(
-            "source: {{type: postgres}}\nauth: {{staticTokensFile: {}}}\n{workers}",
+            "source: {{type: postgres, postgres: {{sslMode: disable}}}}\nauth: {{staticTokensFile: {}}}\n{workers}",
             tokens.display()
         ),
     );
