@@ -88,7 +88,8 @@ def tls_postgres():
         pg.enable_tls(crt, key)
         # Only the columns the Sentinel's queries read.
         for sql in (
-            "CREATE TABLE task_instance (queue text, state text, hostname text, pool_slots int)",
+            "CREATE TABLE task_instance (queue text, state text, hostname text, pool_slots int, "
+            "queued_dttm timestamptz DEFAULT now())",
             f"INSERT INTO task_instance VALUES ('{QUEUE}', 'queued', '', 1), ('{QUEUE}', 'queued', '', 1), "
             f"('{QUEUE}', 'queued', '', 1)",
             f"GRANT SELECT ON task_instance TO {pg.user}",
