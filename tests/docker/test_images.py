@@ -171,9 +171,16 @@ class FakeAirflow(BaseHTTPRequestHandler):
                 self.headers.get("Authorization") != f"Bearer {TOKEN}":
             body, status = b'{"detail": "no"}', 404
         else:
-            # Several `state` parameters count the task instances in any of them, as Airflow does.
-            total = sum(self.counts.get(state, 0) for state in re.findall(r"state=(\w+)", self.path))
-            body, status = json.dumps({"task_instances": [], "total_entries": total}).encode(), 200
+            # Several `state` parameters list the task instances in any of them, as Airflow does,
+            # a page at a time (`limit`, `offset`; at most 100, Airflow's default page limit).
+            states = re.findall(r"state=(\w+)", self.path)
+            rows = [{"id": f"{state}-{i}", "state": state, "hostname": "", "pool_slots": 1,
+                     "queued_when": "2026-01-01T00:00:00Z"}
+                    for state in states for i in range(self.counts.get(state, 0))]
+            offset = int((re.findall(r"offset=(\d+)", self.path) or ["0"])[0])
+            limit = min(100, int((re.findall(r"limit=(\d+)", self.path) or ["100"])[0]))
+            body = json.dumps({"task_instances": rows[offset:offset + limit], "total_entries": len(rows)}).encode()
+            status = 200
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
