@@ -15,6 +15,10 @@ pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 key="$( { echo "$pyver"; cat "$@"; } | sha256sum | cut -c1-12)"
 venv="$ASTRO_CACHE_DIR/venv/$name-py$pyver-$key"
 
+# One build at a time per venv: stages and scripts run side by side share the cache.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"
