@@ -94,6 +94,7 @@ class PodRecorder(threading.Thread):
         self.cluster, self.namespace, self.selector = cluster, namespace, selector
         self.stories: dict[str, PodStory] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -127,9 +128,20 @@ class PodRecorder(threading.Thread):
         with self._lock:
             return {k: PodStory(**vars(v)) for k, v in self.stories.items()}
 
+    def wait_for_deletions(self, timeout: float) -> None:
+        """Waits until every pod whose deletion was requested is gone, so a story holds how its
+        agent exited (a draining worker takes up to its grace period after the scale-down)."""
+
+        def pending() -> list[str]:
+            return [s.name for s in self.stories.values() if s.deletion_requested_at is not None and s.deleted_at is None]
+
+        with self._changed:
+            if not self._changed.wait_for(lambda: not pending(), timeout):
+                raise TimeoutError(f"pods still terminating after {timeout:.0f} s: {pending()}")
+
     def _record(self, kind: str, pod) -> None:
         now = time.time()
-        with self._lock:
+        with self._changed:
             story = self.stories.setdefault(pod.metadata.name, PodStory(pod.metadata.name, created=now))
             story.node = pod.spec.node_name or story.node
             status = pod.status
@@ -150,6 +162,7 @@ class PodRecorder(threading.Thread):
                     story.started_at = cs.state.terminated.started_at
             if kind == "DELETED":
                 story.deleted_at = now
+            self._changed.notify_all()
 
 
 # ---- replica timeline ------------------------------------------------------------------

@@ -31,8 +31,16 @@ def metrics_stack(control_plane):
         stack.stop()
 
 
-def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release_factory, metrics_stack):
-    release = release_factory("hpa", NAMESPACE)
+@pytest.fixture
+def release(release_factory):
+    """The scenarios' release, gone after each of them (also a failed one), since both are "hpa"."""
+    made = release_factory("hpa", NAMESPACE)
+    yield made
+    if made.installed:
+        made.uninstall()
+
+
+def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release, metrics_stack):
     values = chart_values(airflow)
     values["sentinel"] = {"enabled": False}
     values["workers"] = [{
@@ -92,15 +100,12 @@ def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release_f
     for story in pods.snapshot().values():
         if story.deletion_requested_at is not None:
             assert story.exit_code == 0, f"{story.name} exited {story.exit_code} on scale-down"
-    release.uninstall()
 
 
-def test_default_behavior_takes_the_pool_from_1_to_10_within_a_minute(cluster, nodes, airflow, release_factory,
-                                                                       metrics_stack):
+def test_default_behavior_takes_the_pool_from_1_to_10_within_a_minute(cluster, nodes, airflow, release, metrics_stack):
     """The chart's default hpa.behavior.scaleUp, run by the real HPA controller: once the metric
     asks for 10 workers, the Deployment gets there in under a minute (the previous default, one
     pod per 60 s, needed 8 minutes)."""
-    release = release_factory("hpa", NAMESPACE)
     values = chart_values(airflow)
     values["sentinel"] = {"enabled": False}
     values["workers"] = [{
@@ -142,4 +147,3 @@ def test_default_behavior_takes_the_pool_from_1_to_10_within_a_minute(cluster, n
           f"10 replicas {reached - asked:.1f} s later; steps {steps}")
     assert reached - asked < 60, steps
     assert airflow.client.wait_run("cluster_hpa_fast", run_id, timeout=400) == "success"
-    release.uninstall()
