@@ -25,8 +25,8 @@ if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
 fi
 
 echo "==> Python venvs (cached)" >&2
-tools="$(bash tests/e2e/venvs.sh tools)"
-bash tests/e2e/venvs.sh airflow >/dev/null
+tools="$(bash tests/lib/venvs.sh tools)"
+bash tests/lib/venvs.sh airflow >/dev/null
 
 # exec: demo.py receives Ctrl-C / SIGTERM itself and stops everything it started.
 exec "$tools/bin/python" demo/demo.py "$@"

@@ -60,7 +60,7 @@ EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
 def airflow_venv() -> Path:
     """Path of the cached venv with Airflow + the Edge provider (built on first use)."""
     out = subprocess.run(
-        ["bash", str(E2E_DIR / "venvs.sh"), "airflow"], check=True, stdout=subprocess.PIPE, text=True
+        ["bash", str(E2E_DIR.parent / "lib" / "venvs.sh"), "airflow"], check=True, stdout=subprocess.PIPE, text=True
     ).stdout
     return Path(out.strip().splitlines()[-1])
 

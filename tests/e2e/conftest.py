@@ -2,9 +2,9 @@
 
 How to run (from the repository root):
 
-    V=$(tests/e2e/venvs.sh tools) && "$V/bin/python" -m pytest tests/e2e -x -v
+    V=$(tests/lib/venvs.sh tools) && "$V/bin/python" -m pytest tests/e2e -x -v
 
-``tests/e2e/venvs.sh`` is the one place that says which requirement files make up
+``tests/lib/venvs.sh`` is the one place that says which requirement files make up
 the ``tools`` venv (pytest runs in it) and the ``airflow`` venv (only used to run
 the Airflow daemons, the Python edge worker and task processes; test code never
 imports airflow). Both are cached under ``${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}``.

@@ -73,7 +73,7 @@ def _yaml():
         import yaml
     except ImportError:
         pytest.fail("PyYAML is missing from the tools venv: list tests/requirements-prometheus.txt "
-                    "for 'tools' in tests/e2e/venvs.sh")
+                    "for 'tools' in tests/lib/venvs.sh")
     return yaml
 
 
