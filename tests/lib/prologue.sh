@@ -7,7 +7,9 @@
 # release binary of each CRATE into the cached cargo target folder unless ASTRO_<CRATE>_BIN
 # (astro-agent: ASTRO_AGENT_BIN) already names one, and exports those variables. Then gets the
 # cached tools venv and leaves its interpreter in $python; with --airflow the airflow venv too,
-# so that its one-time build happens here and not in the middle of a timed run.
+# so that its one-time build happens here and not in the middle of a timed run. Last, puts
+# tests/lib on PYTHONPATH: the drivers import the harness package from there (pytest.ini does
+# the same for pytest).
 . tests/lib/cache.sh
 . tests/lib/cargo-target.sh
 
@@ -41,6 +43,7 @@ prologue() {
   echo "==> Python venvs (cached)" >&2
   python="$(bash tests/lib/venvs.sh tools)/bin/python"
   [ -z "$airflow" ] || bash tests/lib/venvs.sh airflow >/dev/null
+  export PYTHONPATH="$PWD/tests/lib${PYTHONPATH:+:$PYTHONPATH}"
 }
 prologue "$@"
 unset -f prologue
