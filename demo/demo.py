@@ -39,14 +39,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness.airflow_stack import PASSWORD, USERNAME, AirflowStack
+from harness.astro_agent_process import AstroAgent, binary
+from harness.procs import Daemon, free_port, wait_for
 
-from airflow_stack import PASSWORD, USERNAME, AirflowStack  # noqa: E402
-from astro_agent_process import AstroAgent, binary  # noqa: E402
-from procs import Daemon, free_port, wait_for  # noqa: E402
-from scaler import LocalScaler, ScalerConfig  # noqa: E402
+from scaler import LocalScaler, ScalerConfig
 
 QUEUE = "demo"
 DAG_ID = "demo_burst"

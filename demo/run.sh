@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one-command demo (`make demo`): builds astro-agent and astro-sentinel, gets the cached
-# Python venvs, then runs demo/demo.py, which brings up Airflow 3 + the Edge executor, the
-# Sentinel and the local scaler, triggers a burst and checks that every task succeeded.
+# Python venvs (both in tests/lib/prologue.sh), then runs demo/demo.py, which brings up Airflow 3
+# + the Edge executor, the Sentinel and the local scaler, triggers a burst and checks that every
+# task succeeded.
 #
 #   demo/run.sh            the full demo (48 tasks x 5 s, up to 4 workers; ~5-10 minutes)
 #   demo/run.sh --short    a small burst (12 tasks x 2 s, up to 3 workers), what CI runs
@@ -12,21 +13,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-. tests/lib/cache.sh
-. tests/lib/cargo-target.sh
-
-bash tests/lib/prerequisites.sh
-
-if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
-  echo "==> cargo build --release -p astro-agent -p astro-sentinel" >&2
-  cargo build --release -p astro-agent -p astro-sentinel >&2
-  export ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"
-  export ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
-fi
-
-echo "==> Python venvs (cached)" >&2
-tools="$(bash tests/e2e/venvs.sh tools)"
-bash tests/e2e/venvs.sh airflow >/dev/null
+. tests/lib/prologue.sh --airflow astro-agent astro-sentinel
 
 # exec: demo.py receives Ctrl-C / SIGTERM itself and stops everything it started.
-exec "$tools/bin/python" demo/demo.py "$@"
+exec "$python" demo/demo.py "$@"

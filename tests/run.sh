@@ -29,7 +29,7 @@ stages=("$@")
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 step() { printf '\n==> %s\n' "$*"; }
 # pytest in the cached tools venv
-pytest() { "$(bash tests/e2e/venvs.sh tools)/bin/python" -m pytest -p no:cacheprovider -v "$@"; }
+pytest() { "$(bash tests/lib/venvs.sh tools)/bin/python" -m pytest -p no:cacheprovider -v "$@"; }
 
 bash tests/lib/prerequisites.sh go curl
 

@@ -1,7 +1,7 @@
 """Side-by-side benchmark: astro-agent against the Python ``airflow edge worker``.
 
 Run it through ``benchmarks/agent/run.sh`` (builds the agent, finds the venvs). One real
-Airflow 3 stack (tests/e2e/airflow_stack.py) serves both workers; each worker kind runs
+Airflow 3 stack (tests/lib/harness/airflow_stack.py) serves both workers; each worker kind runs
 in turn on queue ``bench`` (one worker at a time, queue empty between measurements):
 
 1. worker RSS (``VmRSS`` of the worker's own PID, not its task processes): idle after
@@ -40,13 +40,12 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from harness.airflow_stack import AirflowStack
+from harness.astro_agent_process import AstroAgent
+from harness.procs import wait_for
+from harness.python_edge_worker import PythonEdgeWorker
 
-from airflow_stack import AirflowStack  # noqa: E402
-from astro_agent_process import AstroAgent  # noqa: E402
-from procs import wait_for  # noqa: E402
-from python_edge_worker import PythonEdgeWorker  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 QUEUE = "bench"
 DAG_16 = "bench_16x60"

@@ -28,13 +28,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from harness.postgres import PostgresCluster
+from harness.procs import Daemon, free_port, wait_for
+from harness.prometheus_server import promtool  # Debian's promtool, fetched when missing
 
-from postgres import PostgresCluster  # noqa: E402  (stdlib-only helpers of the e2e harness)
-from procs import Daemon, free_port, wait_for  # noqa: E402
-from prometheus_server import promtool  # noqa: E402  (Debian's promtool, fetched when missing)
+HERE = Path(__file__).resolve().parent
 
 WORKERS = 200
 QUEUES = 50

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the Helm chart tests: builds (once) the tools venv and the pinned helm, fetches (once) the
+# Runs the Helm chart tests: builds (once) the chart venv and the pinned helm, fetches (once) the
 # KEDA and prometheus-operator modules for their CRDs, then pytest. Extra arguments go to pytest.
 # Exits non-zero on any failure.
 set -euo pipefail
@@ -7,7 +7,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 . "$root/tests/lib/cache.sh"
 
-venv="$(bash "$root/tests/lib/python-venv.sh" chart "$root/tests/requirements-chart.txt")"
+venv="$(bash "$root/tests/lib/venvs.sh" chart)"
 ASTRO_HELM="$(bash "$here/helm.sh")"
 export ASTRO_HELM
 . "$here/pins.env"

@@ -3,7 +3,7 @@ the Grafana dashboard ConfigMap built from files/dashboards/astro-agent-worker.j
 
 Rendered by the real helm, checked against the real PrometheusRule CRD and the Kubernetes schemas,
 and the rendered rules run through promtool (Debian's prometheus package, found or unpacked by
-tests/e2e/prometheus_server.py). The live checks against a real Prometheus are in
+tests/lib/harness/prometheus_server.py). The live checks against a real Prometheus are in
 tests/e2e/test_prometheus.py.
 """
 
@@ -12,16 +12,14 @@ import os
 import pathlib
 import re
 import shutil
-import sys
 
 import jsonschema
 import pytest
 import yaml
 
-from conftest import CHART, KUBE_VERSION, NAMESPACE, PINS, _OBJECT_META, _closed, _tool, scenario
+from harness import prometheus_server
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "e2e"))
-import prometheus_server  # noqa: E402
+from conftest import CHART, KUBE_VERSION, NAMESPACE, PINS, _OBJECT_META, _closed, _tool, scenario
 
 RULES_FILE = CHART / "files" / "prometheus-rules.yaml"
 RULES_TEST_FILE = CHART / "files" / "prometheus-rules.test.yaml"

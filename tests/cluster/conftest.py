@@ -26,17 +26,16 @@ from pathlib import Path
 
 import pytest
 
+from harness.airflow_stack import AirflowStack
+from harness.procs import Daemon, wait_for
+
+from control_plane import ADDRESS, ControlPlane
+from helm_release import HelmRelease
+from keda_components import Keda
+from kube import Cluster
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-from airflow_stack import AirflowStack  # noqa: E402
-from control_plane import ADDRESS, ControlPlane  # noqa: E402
-from helm_release import HelmRelease  # noqa: E402
-from keda_components import Keda  # noqa: E402
-from kube import Cluster  # noqa: E402
-from procs import Daemon, wait_for  # noqa: E402
 
 NODES = ("node-a", "node-b")
 NODE_CPU = "2"
@@ -174,7 +173,7 @@ def release_factory(control_plane, keda):
 def chart_values(airflow: AirflowStack, **sentinel) -> dict:
     """The values every release of this stage shares: Airflow's addresses and credentials as
     a user would give them, and pods that run the agent with the test Airflow's Python."""
-    from airflow_stack import PASSWORD, USERNAME
+    from harness.airflow_stack import PASSWORD, USERNAME
 
     return {
         "airflow": {

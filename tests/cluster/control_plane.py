@@ -19,15 +19,12 @@ from __future__ import annotations
 import os
 import secrets
 import ssl
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
-import certs
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from procs import Daemon, StartupError, free_port, wait_for  # noqa: E402
+from harness import certs
+from harness.procs import Daemon, StartupError, free_port, wait_for
 
 ADDRESS = "10.200.0.1"
 API_PORT = 6443

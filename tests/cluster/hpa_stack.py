@@ -46,12 +46,11 @@ from typing import Any, Iterable
 
 import yaml
 
-import certs
+from harness import certs
+from harness.procs import Daemon, StartupError, wait_for
+from harness.prometheus_server import PrometheusServer
 
 _TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(_TESTS / "e2e"))
-from procs import Daemon, StartupError, wait_for  # noqa: E402
-from prometheus_server import PrometheusServer  # noqa: E402
 
 CHART = _TESTS.parent / "charts" / "astro-agent"
 # The chart's HPA scenario: workers with `hpa`, the worker ServiceMonitor and the adapter rules.

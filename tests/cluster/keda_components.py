@@ -43,7 +43,6 @@ import os
 import secrets
 import socket
 import ssl
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -54,8 +53,7 @@ from typing import Any, Iterable
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from procs import Daemon, StartupError, free_port, wait_for  # noqa: E402
+from harness.procs import Daemon, StartupError, free_port, wait_for
 
 ADDRESS = "10.200.0.1"
 NAMESPACE = "keda"

@@ -7,7 +7,7 @@
 #   tests/cluster/run.sh [pytest args]   (default: tests/cluster; e.g. -x tests/cluster/test_install.py)
 #
 # Builds (cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}): the control plane, KEDA and
-# prometheus-adapter (build.sh), helm (tests/chart/helm.sh), the venvs (tests/e2e/venvs.sh) and,
+# prometheus-adapter (build.sh), helm (tests/chart/helm.sh), the venvs (tests/lib/venvs.sh) and,
 # unless ASTRO_AGENT_BIN / ASTRO_SENTINEL_BIN name them, the two binaries.
 #
 # Everything runs in a private network and mount namespace (unshare): its `lo` carries
@@ -38,8 +38,8 @@ start=$SECONDS
 ASTRO_CLUSTER_BIN="$(bash "$here/build.sh")"
 echo "control plane binaries ready in $((SECONDS - start)) s: $ASTRO_CLUSTER_BIN"
 ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
-tools="$(bash "$root/tests/e2e/venvs.sh" tools)"
-bash "$root/tests/e2e/venvs.sh" airflow >/dev/null
+tools="$(bash "$root/tests/lib/venvs.sh" tools)"
+bash "$root/tests/lib/venvs.sh" airflow >/dev/null
 if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
   (cd "$root" && cargo build --release -p astro-agent -p astro-sentinel)
   ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
+from harness.procs import wait_for
+
 from conftest import chart_values
 from kube import condition
-from procs import wait_for
 
 NAMESPACE = "astro-push"
 RELEASE = "push"

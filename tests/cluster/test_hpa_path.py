@@ -9,10 +9,11 @@ import time
 
 import pytest
 
+from harness.procs import wait_for
+
 from conftest import WORK, BIN, chart_values
 from hpa_stack import HpaMetricsStack
 from kube import PodRecorder, ReplicaTimeline
-from procs import wait_for
 
 NAMESPACE = "astro-hpa"
 DEPLOYMENT = "astro-worker-hpa"

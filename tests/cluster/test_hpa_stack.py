@@ -19,10 +19,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from harness.procs import wait_for
+
 from conftest import BIN
 from control_plane import ADDRESS
 from hpa_stack import HPA_CONTROLLER, HpaMetricsStack, KubeApi, KubeError
-from procs import wait_for
 
 RELEASE = "astro"
 METRIC = "astro_agent_client_queued_or_running_tasks"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import requests
 from kubernetes import client
 
+from harness.procs import wait_for
+
 from conftest import chart_values
 from kube import condition
-from procs import wait_for
 
 NAMESPACE = "astro-bound"
 DEPLOYMENT = "astro-worker-bound"

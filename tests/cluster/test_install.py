@@ -7,9 +7,10 @@ from __future__ import annotations
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 
+from harness.procs import wait_for
+
 from conftest import chart_values
 from kube import condition
-from procs import wait_for
 
 NAMESPACE = "astro-install"
 

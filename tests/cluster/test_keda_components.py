@@ -21,8 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from harness.procs import wait_for
+
 from keda_components import METRICS_SERVER, NAMESPACE, OPERATOR, condition, object_path
-from procs import wait_for
 
 NS = "keda-components"
 NAME = "backlog-worker"

@@ -26,11 +26,12 @@ import requests
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from chromium import Chromium
+from harness.chromium import Chromium
+from harness.procs import wait_for
+from harness.sentinel_page import by_id, card, loaded_range, save, sign_in, until
+
 from conftest import chart_values
 from kube import PodRecorder, ReplicaTimeline, condition
-from procs import wait_for
-from sentinel_page import by_id, card, loaded_range, save, sign_in, until
 
 NAMESPACE = "astro-scaling"
 RELEASE = "scaling"

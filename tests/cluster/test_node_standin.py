@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "tests" / "e2e"))
+from harness.procs import Daemon, wait_for
 
-from node_standin import ApiError, KubeApi, container_log_path, lifecycle_log_path  # noqa: E402
-from procs import Daemon, wait_for  # noqa: E402
+from node_standin import ApiError, KubeApi, container_log_path, lifecycle_log_path
+
+HERE = Path(__file__).resolve().parent
 
 NODE = "standin-test"
 POD_NET = "10.250.0."

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.procs import wait_for
+from harness.prometheus_server import PrometheusServer
+
 from conftest import chart_values
 from hpa_stack import render_chart
-from procs import wait_for
-from prometheus_server import PrometheusServer
 
 NAMESPACE = "astro-alerts"
 RELEASE = "alerts"

@@ -7,9 +7,10 @@ false` reports which pod Kubernetes chose on its own (its rules ignore work: new
 
 from __future__ import annotations
 
+from harness.procs import wait_for
+
 from conftest import chart_values
 from kube import PodRecorder
-from procs import wait_for
 
 NAMESPACE = "astro-idle"
 DEPLOYMENT = "astro-worker-idle"

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "demo"))
-
-from scaler import LocalScaler, ScalerConfig  # noqa: E402
+from scaler import LocalScaler, ScalerConfig
 
 
 def scaler(**kw) -> LocalScaler:

@@ -2,18 +2,18 @@
 
 How to run (from the repository root):
 
-    V=$(tests/e2e/venvs.sh tools) && "$V/bin/python" -m pytest tests/e2e -x -v
+    V=$(tests/lib/venvs.sh tools) && "$V/bin/python" -m pytest tests/e2e -x -v
 
-``tests/e2e/venvs.sh`` is the one place that says which requirement files make up
+``tests/lib/venvs.sh`` is the one place that says which requirement files make up
 the ``tools`` venv (pytest runs in it) and the ``airflow`` venv (only used to run
 the Airflow daemons, the Python edge worker and task processes; test code never
 imports airflow). Both are cached under ``${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}``.
 
 Fixtures:
-* ``airflow`` (session): an :class:`airflow_stack.AirflowStack` that is up — started
+* ``airflow`` (session): an :class:`harness.airflow_stack.AirflowStack` that is up — started
   once per session, stopped at the end (also on failure or Ctrl-C). Addresses,
   secrets and worker environments are attributes/methods of it; ``airflow.client``
-  is a logged-in :class:`airflow_client.AirflowClient`.
+  is a logged-in :class:`harness.airflow_client.AirflowClient`.
 * ``trigger_dag``: ``trigger_dag(dag_id) -> run_id`` waits for the DAG to be parsed,
   unpauses it and starts a run with a unique run id. Runs this test started that
   are still unfinished when it ends are abandoned (:meth:`AirflowStack.abandon_run`:
@@ -33,16 +33,12 @@ serve, and not rely on what earlier tests left behind.
 from __future__ import annotations
 
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from airflow_client import AirflowClient  # noqa: E402
-from airflow_stack import AirflowStack  # noqa: E402
-from python_edge_worker import PythonEdgeWorker  # noqa: E402
+from harness.airflow_client import AirflowClient
+from harness.airflow_stack import AirflowStack
+from harness.python_edge_worker import PythonEdgeWorker
 
 
 def pytest_configure(config):

@@ -9,8 +9,8 @@ from datetime import datetime
 
 import pytest
 
-from astro_agent_process import AstroAgent
-from procs import wait_for
+from harness.astro_agent_process import AstroAgent
+from harness.procs import wait_for
 
 MARKER = "astro-e2e marker"
 

@@ -1,6 +1,6 @@
 """The HPA path proven with a real Prometheus: scrape, adapter rule, alerts, dashboard.
 
-A real Prometheus (Debian's package, see prometheus_server.py) scrapes every second:
+A real Prometheus (Debian's package, see :mod:`harness.prometheus_server`) scrapes every second:
 
 * three real astro-agents that belong to two worker "Deployments": ``astro-worker-prom-a``
   (two agents on queue ``qa``, 2 slots each) and ``astro-worker-prom-b`` (one agent on ``qb``,
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import pytest
 
-from astro_agent_process import AstroAgent, binary
-from airflow_stack import PASSWORD, USERNAME
-from procs import Daemon, free_port, wait_for
-from prometheus_server import PrometheusServer, PromQLError, promtool
+from harness.airflow_stack import PASSWORD, USERNAME
+from harness.astro_agent_process import AstroAgent, binary
+from harness.procs import Daemon, free_port, wait_for
+from harness.prometheus_server import PrometheusServer, PromQLError, promtool
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "astro-agent"
@@ -73,7 +73,7 @@ def _yaml():
         import yaml
     except ImportError:
         pytest.fail("PyYAML is missing from the tools venv: list tests/requirements-prometheus.txt "
-                    "for 'tools' in tests/e2e/venvs.sh")
+                    "for 'tools' in tests/lib/venvs.sh")
     return yaml
 
 

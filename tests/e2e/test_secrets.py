@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from astro_agent_process import AstroAgent
+from harness.astro_agent_process import AstroAgent
 
 DAG = "e2e_canary"
 

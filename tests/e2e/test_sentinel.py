@@ -40,9 +40,10 @@ from urllib.parse import urlparse
 
 import pytest
 
+from harness.procs import Daemon, free_port, wait_for
+from harness.prometheus_server import promtool
+
 from certificates import make_certificates
-from procs import Daemon, free_port, wait_for
-from prometheus_server import promtool
 
 REPO = Path(__file__).resolve().parents[2]
 QUEUE = "sentinel"

@@ -22,7 +22,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from procs import wait_for
+from harness.procs import wait_for
+
 from test_sentinel import QUEUE, REFRESH, Sentinel, backlog_of, sentinel_bin  # noqa: F401 (a fixture)
 
 DAG = "e2e_slots_mix"

@@ -8,8 +8,8 @@ import stat
 
 import requests
 
-from airflow_client import wait_counts
-from procs import wait_for
+from harness.airflow_client import wait_counts
+from harness.procs import wait_for
 
 MARKER = "astro-e2e marker"
 

@@ -34,10 +34,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from astro_agent_process import AstroAgent
+from harness.astro_agent_process import AstroAgent
+from harness.postgres import PostgresCluster
+from harness.procs import Daemon, free_port, wait_for
+
 from certificates import make_certificates
-from postgres import PostgresCluster
-from procs import Daemon, free_port, wait_for
 from test_sentinel import QUEUE, WORKER, Sentinel, backlog_of, sentinel_bin  # noqa: F401 (a fixture)
 
 TLS_QUEUE = "tls"

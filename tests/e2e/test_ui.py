@@ -16,7 +16,7 @@ Screenshots go to a folder under the test's temp folder (printed); with
 ``ASTRO_UI_SCREENSHOT=/some/file.png`` the Scaling history screenshot is also copied there, and
 the worker list next to it as ``file-workers.png``.
 
-Browser: Debian's ``chromium`` and ``chromium-driver`` (see :mod:`chromium`).
+Browser: Debian's ``chromium`` and ``chromium-driver`` (see :mod:`harness.chromium`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
 
-from chromium import Chromium
-from procs import wait_for
-from sentinel_page import by_id, card, enter_token, loaded_range, save, until
-from sentinel_page import sign_in as sign_in_with
+from harness.chromium import Chromium
+from harness.procs import wait_for
+from harness.sentinel_page import by_id, card, enter_token, loaded_range, save, until
+from harness.sentinel_page import sign_in as sign_in_with
 # The Sentinel as test_sentinel.py runs it: same binary fixture, config, token and workers.
 from test_sentinel import DAG, QUEUE, SHARED, TASKS, TOKEN, WORKER, Sentinel, sentinel_bin  # noqa: F401
 

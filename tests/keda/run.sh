@@ -8,7 +8,7 @@
 #
 # What it needs and fetches (cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}):
 #   go/<go version>/{mod,build}  Go modules (KEDA pinned in go.mod) and the build cache
-#   the pinned helm (tests/chart/helm.sh), the tools and airflow venvs (tests/e2e/venvs.sh)
+#   the pinned helm (tests/chart/helm.sh), the tools and airflow venvs (tests/lib/venvs.sh)
 #   astro-sentinel: $ASTRO_SENTINEL_BIN, else `cargo build --release -p astro-sentinel` into
 #   the cached target folder (tests/lib/cargo-target.sh)
 # Environment for experiments: KEDA_CONTRACT_CHART (another chart folder),
@@ -35,7 +35,7 @@ export GOTOOLCHAIN=local
 mkdir -p "$GOMODCACHE" "$GOCACHE"
 
 ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
-tools="$(bash "$root/tests/e2e/venvs.sh" tools)"
+tools="$(bash "$root/tests/lib/venvs.sh" tools)"
 if [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
   (cd "$root" && cargo build --release -p astro-sentinel)
   ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"

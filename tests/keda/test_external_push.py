@@ -23,19 +23,15 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+from harness.airflow_stack import PASSWORD, USERNAME, AirflowStack
+from harness.certs import issue, make_ca
+from harness.procs import Daemon, free_port, wait_for
 
-from airflow_stack import PASSWORD, USERNAME, AirflowStack  # noqa: E402
-from certs import issue, make_ca  # noqa: E402
-from procs import Daemon, free_port, wait_for  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 DAG = "e2e_push_1"
 QUEUE = "push"

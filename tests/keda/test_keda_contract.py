@@ -43,7 +43,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 import urllib.request
@@ -52,12 +51,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.airflow_stack import PASSWORD, USERNAME, AirflowStack
+from harness.procs import Daemon, free_port, wait_for
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-from airflow_stack import PASSWORD, USERNAME, AirflowStack  # noqa: E402
-from procs import Daemon, free_port, wait_for  # noqa: E402
 
 CHART = Path(os.environ.get("KEDA_CONTRACT_CHART") or ROOT / "charts" / "astro-agent")
 EXTRA_VALUES = [p for p in os.environ.get("KEDA_CONTRACT_EXTRA_VALUES", "").split(os.pathsep) if p]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages that are missing (Debian; run as root). Every caller needs
-# cargo, Python 3 with venv and PostgreSQL; name extra tools as arguments: go, curl.
-#   bash tests/lib/prerequisites.sh [go] [curl]
+# cargo, Python 3 with venv and PostgreSQL; name extra tools as arguments: go, curl, wrk.
+#   bash tests/lib/prerequisites.sh [go] [curl] [wrk]
 # Everything else (Python venvs, helm, Go modules) is fetched by the stage that needs it.
 set -euo pipefail
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
@@ -13,6 +13,7 @@ for extra in "$@"; do
   case "$extra" in
     go) command -v go >/dev/null || missing+=(golang-go) ;;
     curl) command -v curl >/dev/null || missing+=(curl) ;;
+    wrk) command -v wrk >/dev/null || missing+=(wrk) ;;
     *) echo "prerequisites.sh: unknown tool $extra" >&2; exit 2 ;;
   esac
 done

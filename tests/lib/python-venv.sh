@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: python-venv.sh NAME REQUIREMENTS_FILE...
+# Usage: python-venv.sh NAME REQUIREMENTS_FILE...   (venvs.sh names the venvs; call that)
 # Prints the path of a virtualenv that has exactly those requirements installed,
 # building it once under the cache folder. The key covers the Python version and
 # the requirement files' content, so editing a requirements file builds a new venv.

@@ -46,12 +46,12 @@ from pathlib import Path
 
 import requests
 
-from airflow_client import AirflowClient
-from postgres import PostgresCluster
-from procs import Daemon, StartupError, free_port, log_tail, wait_for
+from harness.airflow_client import AirflowClient
+from harness.postgres import PostgresCluster
+from harness.procs import Daemon, StartupError, free_port, log_tail, wait_for
 
-E2E_DIR = Path(__file__).resolve().parent
-DAGS_FOLDER = E2E_DIR / "dags"
+TESTS_DIR = Path(__file__).resolve().parents[2]
+DAGS_FOLDER = TESTS_DIR / "e2e" / "dags"
 USERNAME = "admin"
 PASSWORD = "admin"
 EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
@@ -60,7 +60,7 @@ EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
 def airflow_venv() -> Path:
     """Path of the cached venv with Airflow + the Edge provider (built on first use)."""
     out = subprocess.run(
-        ["bash", str(E2E_DIR / "venvs.sh"), "airflow"], check=True, stdout=subprocess.PIPE, text=True
+        ["bash", str(TESTS_DIR / "lib" / "venvs.sh"), "airflow"], check=True, stdout=subprocess.PIPE, text=True
     ).stdout
     return Path(out.strip().splitlines()[-1])
 

@@ -10,7 +10,7 @@ The binaries are the ones of Debian's ``prometheus`` package:
   start a system-wide Prometheus on 0.0.0.0:9090 wherever no policy-rc.d forbids it.
 
 :class:`PrometheusServer` runs one server on 127.0.0.1 on a free port with a temporary
-data directory, as a :class:`procs.Daemon` (own process group, stopped by PID), and
+data directory, as a :class:`harness.procs.Daemon` (own process group, stopped by PID), and
 wraps the parts of the HTTP API the tests use (standard library only, so the chart
 tests can import :func:`promtool` too). Use it as a context manager, or call
 :meth:`PrometheusServer.stop` in a ``finally``.
@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterable
 
-from procs import Daemon, StartupError, free_port, wait_for
+from harness.procs import Daemon, StartupError, free_port, wait_for
 
 
 class PromQLError(RuntimeError):

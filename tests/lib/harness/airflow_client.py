@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import requests
 
-from procs import wait_for
+from harness.procs import wait_for
 
 FINISHED_RUN_STATES = ("success", "failed")
 #: Task-instance states that mean "will not change any more".

@@ -20,8 +20,8 @@ from __future__ import annotations
 import signal
 from typing import Sequence
 
-from airflow_stack import AirflowStack
-from procs import Daemon, StartupError, wait_for
+from harness.airflow_stack import AirflowStack
+from harness.procs import Daemon, StartupError, wait_for
 
 
 class PythonEdgeWorker:

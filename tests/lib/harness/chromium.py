@@ -19,7 +19,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
-from procs import free_port
+from harness.procs import free_port
 
 PACKAGES = ("chromium", "chromium-driver")
 

@@ -1,4 +1,4 @@
-"""Small process and polling helpers shared by the end-to-end harness.
+"""Small process and polling helpers shared by the whole harness.
 
 Every long-running process a test starts goes through :class:`Daemon`: it runs in
 its own process group (its own session, so a Ctrl-C in the terminal does not

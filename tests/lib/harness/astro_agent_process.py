@@ -13,10 +13,10 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from airflow_stack import PASSWORD, USERNAME, AirflowStack
-from procs import Daemon, StartupError, free_port, wait_for
+from harness.airflow_stack import PASSWORD, USERNAME, AirflowStack
+from harness.procs import Daemon, StartupError, free_port, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def binary(name: str) -> Path:

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from procs import free_port, log_tail, wait_for
+from harness.procs import free_port, log_tail, wait_for
 
 
 def postgres_bin_dir() -> Path:

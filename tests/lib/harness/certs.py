@@ -1,4 +1,4 @@
-"""Test PKI for the cluster stage, made with the openssl command line.
+"""Test PKI made with the openssl command line (the cluster stage; the KEDA stage's TLS checks).
 
 A Kubernetes control plane needs a few certificate authorities (the cluster CA that signs the API
 server's serving certificate, the front-proxy CA the aggregation layer authenticates with) and
