@@ -36,7 +36,8 @@ pub async fn run(
     versions: Versions,
     task_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 ) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::new());
+    let slots = Slots::new(config.sync_slots);
+    let metrics = Arc::new(Metrics::new(slots.clone()));
     let readiness = Readiness::default();
     let drain = CancellationToken::new();
     let kill = CancellationToken::new();
@@ -89,7 +90,7 @@ pub async fn run(
         }
     }
     let ctx = Arc::new(Context {
-        slots: Slots::new(config.sync_slots),
+        slots,
         status: WorkerStatus::new(
             config.queues.clone(),
             versions.airflow,
@@ -104,10 +105,8 @@ pub async fn run(
         kill,
         give_up: CancellationToken::new(),
         heartbeat_now: Notify::new(),
-        slot_freed: Notify::new(),
         status_changed: Notify::new(),
     });
-    ctx.update_slot_metrics();
 
     let outcome = serve(&ctx, &readiness).await;
     stop_launcher.cancel();
