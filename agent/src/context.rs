@@ -3,7 +3,7 @@
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::slots::Slots;
-use crate::task_process::TaskSpawner;
+use crate::task_spawner::TaskSpawner;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
 use std::sync::Arc;

@@ -21,6 +21,7 @@ mod slots;
 mod task_env;
 mod task_process;
 mod task_runner;
+mod task_spawner;
 mod versions;
 mod worker_status;
 

@@ -270,8 +270,14 @@ impl PreforkLauncher {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::config::LaunchMode;
+    use crate::task_process::tests::gone;
+    use crate::task_process::{Exit, TaskProcess};
+    use crate::task_spawner::tests::settings;
+    use crate::task_spawner::TaskSpawner;
+    use nix::unistd::Pid;
 
     /// What a process the launcher forks exits with when it fails before the task takes over.
     fn exit_of_a_failing_fork() -> i32 {
@@ -300,5 +306,337 @@ mod tests {
     #[test]
     fn a_fork_that_fails_before_the_task_takes_over_exits_non_zero() {
         assert_eq!(exit_of_a_failing_fork(), 1);
+    }
+
+    // ---- tasks through the real launcher script, with a fake `airflow` package ----
+
+    const FAKE_EXECUTE_WORKLOAD: &str = r#"
+import argparse, json, os, sys, time
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json-path")
+    args = parser.parse_args()
+    w = json.load(open(args.json_path))
+    record = {"pid": os.getpid(), "pgid": os.getpgid(0),
+              "main": os.path.basename(getattr(sys.modules["__main__"], "__file__", "")),
+              "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET")}
+    if w.get("leave_child"):
+        # What `sleep 1 &` in a BashOperator leaves: a child nobody waits for.
+        import subprocess
+        record["left"] = subprocess.Popen(["sleep", str(w["leave_child"])]).pid
+    with open(w["record"], "w") as f:
+        json.dump(record, f)
+    print("fake supervisor running", flush=True)
+    if w.get("supervisor_end"):
+        # What Airflow's supervisor does at a task's end: the task closes its sockets, then
+        # exits; the supervisor selects on a selector with nothing registered until it exits.
+        import selectors
+        sel = selectors.DefaultSelector()
+        child = os.fork()
+        if child == 0:
+            restored = selectors.DefaultSelector.select.__module__ == "selectors"
+            time.sleep(0.2)
+            os._exit(0 if restored else 7)
+        started = time.monotonic()
+        sel.select(timeout=30)
+        record["select_returned_after"] = time.monotonic() - started
+        _, status = os.waitpid(child, 0)
+        record["child_exit"] = os.waitstatus_to_exitcode(status)
+        with open(w["record"], "w") as f:
+            json.dump(record, f)
+    while w.get("hold_until") and not os.path.exists(w["hold_until"]):
+        time.sleep(0.01)
+    time.sleep(w.get("sleep", 0))
+    sys.exit(w.get("exit", 0))
+if __name__ == "__main__":
+    main()
+"#;
+
+    /// A PYTHONPATH folder with just enough of `airflow` (and `pydantic`) for the launcher's
+    /// imports and for `-m airflow.sdk.execution_time.execute_workload`.
+    fn fake_airflow(dir: &Path, with_sdk_log: bool) -> PathBuf {
+        let root = dir.join("pythonpath");
+        let mut files = vec![
+            ("pydantic.py", ""),
+            ("airflow/__init__.py", ""),
+            ("airflow/executors/__init__.py", ""),
+            ("airflow/executors/workloads.py", ""),
+            (
+                "airflow/executors/base_executor.py",
+                "class BaseExecutor: pass\n",
+            ),
+            ("airflow/sdk/__init__.py", ""),
+            ("airflow/sdk/execution_time/__init__.py", ""),
+            ("airflow/sdk/execution_time/supervisor.py", ""),
+            (
+                "airflow/sdk/execution_time/execute_workload.py",
+                FAKE_EXECUTE_WORKLOAD,
+            ),
+        ];
+        if with_sdk_log {
+            files.push(("airflow/sdk/log.py", "def configure_logging(**kw): pass\n"));
+        }
+        for (path, content) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        root
+    }
+
+    pub(crate) struct Prefork {
+        pub(crate) spawner: TaskSpawner,
+        stop: CancellationToken,
+        dir: tempfile::TempDir,
+    }
+
+    impl Drop for Prefork {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    fn prefork(with_sdk_log: bool) -> Prefork {
+        prefork_in(LaunchMode::Prefork, with_sdk_log)
+    }
+
+    /// The real launcher script (or fresh interpreters) with the fake `airflow` package.
+    pub(crate) fn prefork_in(mode: LaunchMode, with_sdk_log: bool) -> Prefork {
+        let dir = tempfile::tempdir().unwrap();
+        let pythonpath = fake_airflow(dir.path(), with_sdk_log);
+        let python = PathBuf::from("python3");
+        let parent = vec![
+            ("PATH".into(), std::env::var_os("PATH").unwrap()),
+            ("PYTHONPATH".into(), pythonpath.into_os_string()),
+            (
+                "AIRFLOW__API_AUTH__JWT_SECRET".into(),
+                "airflow-secret".into(),
+            ),
+        ];
+        let spawner = TaskSpawner::new(
+            settings(&python, dir.path(), mode),
+            crate::task_env::inherited(parent.into_iter(), &[]).into_iter(),
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        if let Some(launcher) = spawner.prefork_launcher() {
+            tokio::spawn(launcher.supervise(stop.clone()));
+        }
+        Prefork { spawner, stop, dir }
+    }
+
+    impl Prefork {
+        pub(crate) fn workload(&self, name: &str, sleep: f64, exit: i32) -> serde_json::Value {
+            let record = self.dir.path().join(format!("{name}.record"));
+            serde_json::json!({"record": record, "sleep": sleep, "exit": exit})
+        }
+
+        pub(crate) fn record(&self, name: &str) -> serde_json::Value {
+            let text =
+                std::fs::read_to_string(self.dir.path().join(format!("{name}.record"))).unwrap();
+            serde_json::from_str(&text).unwrap()
+        }
+
+        async fn run(&self, name: &str, sleep: f64, exit: i32) -> (TaskProcess, ExitStatus) {
+            let mut p = self
+                .spawner
+                .spawn(&self.workload(name, sleep, exit))
+                .await
+                .unwrap();
+            let status = match p.wait(&CancellationToken::new()).await.unwrap() {
+                Exit::Finished(s) => s,
+                other => panic!("{other:?}"),
+            };
+            (p, status)
+        }
+    }
+
+    pub(crate) async fn ready(launcher: &PreforkLauncher) {
+        tokio::time::timeout(Duration::from_secs(30), launcher.wait_ready())
+            .await
+            .expect("launcher ready");
+    }
+
+    #[tokio::test]
+    async fn prefork_forks_tasks_from_the_launcher_and_learns_their_exit() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        ready(&launcher).await;
+        // The task holds until released, so its parent can be read while it runs: a task forked
+        // without a spare starts before its intermediate process has exited.
+        let release = pf.dir.path().join("release");
+        let mut workload = pf.workload("ok", 0.0, 0);
+        workload["hold_until"] = release.to_str().unwrap().into();
+        let mut p = pf.spawner.spawn(&workload).await.unwrap();
+        let agent = std::process::id() as i32;
+        let mut parent = None;
+        for _ in 0..500 {
+            parent = parent_of(p.pid());
+            if parent == Some(agent) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(parent, Some(agent), "re-parented to the agent");
+        std::fs::write(&release, "").unwrap();
+        let status = match p.wait(&CancellationToken::new()).await.unwrap() {
+            Exit::Finished(s) => s,
+            other => panic!("{other:?}"),
+        };
+        assert!(status.success());
+        let rec = pf.record("ok");
+        assert_eq!(
+            rec["main"], "astro_launcher.py",
+            "forked from the launcher: {rec}"
+        );
+        assert_eq!(rec["pid"], rec["pgid"], "its own process group");
+        assert_eq!(rec["pid"].as_i64(), Some(p.pid() as i64));
+        assert_eq!(
+            rec["secret"],
+            serde_json::Value::Null,
+            "no JWT secret in the launcher's env"
+        );
+        assert!(p.output_tail(1024).contains("fake supervisor running"));
+        let (_, status) = pf.run("fails", 0.0, 3).await;
+        assert_eq!(status.code(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn the_supervisor_wakes_up_when_its_task_process_exits() {
+        let pf = prefork(true);
+        ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        let mut workload = pf.workload("end", 0.0, 0);
+        workload["supervisor_end"] = true.into();
+        let mut p = pf.spawner.spawn(&workload).await.unwrap();
+        let exit = p.wait(&CancellationToken::new()).await.unwrap();
+        assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+        let rec = pf.record("end");
+        // Woken by the child's exit, not by the 30 s timeout of an empty selector.
+        let waited = rec["select_returned_after"].as_f64().unwrap();
+        assert!(waited < 20.0, "select waited {waited} s: {rec}");
+        assert_eq!(
+            rec["child_exit"], 0,
+            "the task (forked by the supervisor) has the original select: {rec}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_launcher_killed_mid_run_loses_no_task_and_comes_back() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        ready(&launcher).await;
+        let first_pid = launcher.pid();
+        let mut running = pf
+            .spawner
+            .spawn(&pf.workload("long", 1.0, 0))
+            .await
+            .unwrap();
+        nix::sys::signal::kill(Pid::from_raw(first_pid), Signal::SIGKILL).unwrap();
+        // The task outlives its launcher and the agent still learns how it ended.
+        let exit = running.wait(&CancellationToken::new()).await.unwrap();
+        assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+        // Meanwhile or afterwards, tasks still start (fresh or from the new launcher).
+        let (_, status) = pf.run("next", 0.0, 0).await;
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while launcher.pid() == first_pid {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("a new launcher is started");
+        ready(&launcher).await;
+        let (_, status) = pf.run("after", 0.0, 0).await;
+        assert!(status.success());
+        assert_eq!(pf.record("after")["main"], "astro_launcher.py");
+    }
+
+    /// The parent of a live process, from `/proc/<pid>/stat` (field 4, after the name).
+    fn parent_of(pid: i32) -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, after_name) = stat.rsplit_once(") ")?;
+        after_name.split(' ').nth(1)?.parse().ok()
+    }
+
+    /// The processes a launcher forked that are still in its process group (a task leaves the
+    /// group), with their parents: spares, and intermediates on their way out.
+    fn forked_by(launcher: i32) -> Vec<(i32, i32)> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let after_name = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
+            let fields: Vec<&str> = after_name.split(' ').collect();
+            let field = |i: usize| fields.get(i).and_then(|f| f.parse::<i32>().ok());
+            if field(2) == Some(launcher) && pid != launcher {
+                found.push((pid, field(1).unwrap_or(0)));
+            }
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn spares_wait_as_children_of_the_agent_and_are_reaped_when_their_launcher_dies() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        ready(&launcher).await;
+        let launcher_pid = launcher.pid();
+        let agent = std::process::id() as i32;
+        // settings(): 2 slots, so 2 spares, each re-parented to the agent once the intermediate
+        // process that forked it has exited.
+        let mut forked = Vec::new();
+        for _ in 0..500 {
+            forked = forked_by(launcher_pid);
+            if forked.len() == 2 && forked.iter().all(|&(_, parent)| parent == agent) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            forked.len() == 2 && forked.iter().all(|&(_, parent)| parent == agent),
+            "two spares, children of the agent ({agent}): {forked:?}"
+        );
+        nix::sys::signal::kill(Pid::from_raw(launcher_pid), Signal::SIGKILL).unwrap();
+        for (pid, _) in forked {
+            // Gone from /proc altogether: exited and waited for, not left a zombie.
+            let mut reaped = false;
+            for _ in 0..500 {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    reaped = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(reaped, "spare {pid} is still there");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_launcher_that_cannot_start_falls_back_to_fresh_interpreters() {
+        let pf = prefork(false); // the launcher's imports fail; execute_workload itself works
+        let (_, status) = pf.run("fallback", 0.0, 0).await;
+        assert!(status.success());
+        assert_eq!(pf.record("fallback")["main"], "execute_workload.py");
+    }
+
+    #[tokio::test]
+    async fn prefork_tasks_are_stopped_by_process_group() {
+        let pf = prefork(true);
+        ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        let mut p = pf
+            .spawner
+            .spawn(&pf.workload("stuck", 300.0, 0))
+            .await
+            .unwrap();
+        let kill = CancellationToken::new();
+        kill.cancel();
+        let exit = tokio::time::timeout(Duration::from_secs(15), p.wait(&kill))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(exit, Exit::Killed(_)), "{exit:?}");
+        assert!(gone(p.pid()).await);
     }
 }

@@ -2,12 +2,13 @@
 //! while it runs, give its slots back when the process ends, then ship the last log lines and
 //! report `success` or `failed`.
 
+use crate::config::LaunchMode;
 use crate::context::Context;
 use crate::log_shipper::LogShipper;
 use crate::metrics::TaskResult;
 use crate::reporter::{deliver, Delivery};
 use crate::slots::Lease;
-use crate::task_process::{Exit, LaunchMode};
+use crate::task_process::Exit;
 use airflow::backoff::Backoff;
 use airflow::edge_types::{EdgeJob, JobState};
 use std::sync::Arc;
