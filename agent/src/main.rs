@@ -7,7 +7,7 @@ mod config;
 mod context;
 mod fetch_loop;
 mod heartbeat;
-mod launcher_frame;
+mod launcher_protocol;
 mod log_shipper;
 mod metrics;
 mod prefork_launcher;

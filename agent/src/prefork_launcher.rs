@@ -11,20 +11,19 @@
 //! announces each one, and the agent waits for it from then on, so a spare that exits unused
 //! (its launcher died) does not stay a zombie.
 
-use crate::launcher_frame::{read_message, write_message};
+use crate::launcher_protocol::{
+    receive, replies, requests, send, LaunchRequest, LauncherMessage, Replies, Requests,
+};
 use crate::reaper::Reaper;
 use airflow::backoff::Backoff;
 use nix::sys::signal::Signal;
-use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{oneshot, watch, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -43,14 +42,8 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 const MAX_SPARES: usize = 8;
 /// How long the announcements a dead launcher left in its pipe are read for.
 const LAST_WORDS_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// What to start a task with, as the launcher needs it.
-pub struct LaunchRequest<'a> {
-    pub id: &'a str,
-    pub workload: &'a Path,
-    pub output: &'a Path,
-    pub claim: &'a Path,
-}
+/// How long a launcher whose stdin was closed gets to exit before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 pub struct PreforkLauncher {
     python: PathBuf,
@@ -59,19 +52,33 @@ pub struct PreforkLauncher {
     reaper: &'static Reaper,
     /// How many spares the launcher keeps: as many as tasks may start at once (the slots).
     spares: usize,
-    /// The pipes of the launcher that is ready; `None` while there is none.
-    channel: Mutex<Option<(ChildStdin, ChildStdout)>>,
-    pid: AtomicI32,
-    state: watch::Sender<State>,
+    /// The launcher that takes requests; `None` while there is none.
+    ready: Mutex<Option<Launcher>>,
+    /// Set once the first launcher is ready or has failed to start.
+    first_start_over: watch::Sender<bool>,
 }
 
-/// Whether a launcher can take requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Not tried yet.
-    Starting,
-    Ready,
-    Down,
+/// A running launcher that has said it is ready.
+struct Launcher {
+    pid: i32,
+    requests: Requests<ChildStdin>,
+    replies: Replies<ChildStdout>,
+}
+
+/// Why the launcher did not start a task (it then starts in a fresh interpreter).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("the launcher is not ready")]
+    NotReady,
+    /// The launcher's own answer; it keeps running.
+    #[error("the launcher could not start the task: {0}")]
+    Refused(String),
+    #[error("the launcher's pipe broke: {0}")]
+    PipeBroke(std::io::Error),
+    #[error("the launcher did not answer within {LAUNCH_TIMEOUT:?}")]
+    Timeout,
+    #[error("the launcher answered out of protocol: {0:?}")]
+    OutOfProtocol(LauncherMessage),
 }
 
 impl PreforkLauncher {
@@ -94,9 +101,8 @@ impl PreforkLauncher {
             env,
             reaper,
             spares: (slots as usize).clamp(1, MAX_SPARES),
-            channel: Mutex::new(None),
-            pid: AtomicI32::new(0),
-            state: watch::channel(State::Starting).0,
+            ready: Mutex::new(None),
+            first_start_over: watch::channel(false).0,
         }))
     }
 
@@ -105,18 +111,20 @@ impl PreforkLauncher {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         loop {
             let started = Instant::now();
-            match self.start().await {
-                Ok(mut exit) => {
-                    tracing::info!(pid = self.pid.load(Ordering::Acquire), took = ?started.elapsed(), "task launcher ready");
+            let outcome = self.start().await;
+            self.first_start_over.send_replace(true);
+            match outcome {
+                Ok((pid, mut exit)) => {
+                    tracing::info!(pid, took = ?started.elapsed(), "task launcher ready");
                     tokio::select! {
                         status = &mut exit => {
                             tracing::warn!(?status, "task launcher exited; tasks start in fresh interpreters until it is back");
                         }
                         _ = stop.cancelled() => {
                             // Closing its stdin ends it; running tasks are not its children.
-                            self.take_channel().await;
-                            if tokio::time::timeout(Duration::from_secs(5), exit).await.is_err() {
-                                self.kill();
+                            drop(self.ready.lock().await.take());
+                            if tokio::time::timeout(STOP_GRACE, exit).await.is_err() {
+                                self.reaper.signal(pid, Signal::SIGKILL);
                             }
                             return;
                         }
@@ -127,7 +135,6 @@ impl PreforkLauncher {
                     }
                 }
                 Err(e) => {
-                    self.state.send_replace(State::Down);
                     tracing::warn!(error = %e, "task launcher did not start; tasks start in fresh interpreters");
                 }
             }
@@ -139,8 +146,9 @@ impl PreforkLauncher {
         }
     }
 
-    /// Starts a launcher and waits until it is ready; its exit status arrives on the receiver.
-    async fn start(&self) -> std::io::Result<oneshot::Receiver<ExitStatus>> {
+    /// Starts a launcher and waits until it is ready; its pid, and its exit status on the
+    /// receiver.
+    async fn start(&self) -> std::io::Result<(i32, oneshot::Receiver<ExitStatus>)> {
         let (mut child, exit) = self.reaper.spawn(
             Command::new(&self.python)
                 .arg(&self.script)
@@ -154,118 +162,74 @@ impl PreforkLauncher {
                 .process_group(0),
         )?;
         let pid = child.id() as i32;
-        let mut stdin = ChildStdin::from_std(child.stdin.take().expect("piped"))?;
-        let mut stdout = ChildStdout::from_std(child.stdout.take().expect("piped"))?;
-        let ready = tokio::time::timeout(READY_TIMEOUT, read_message(&mut stdout)).await;
-        match ready {
-            Ok(Ok(message)) if message["ready"] == json!(true) => {}
+        let mut launcher = Launcher {
+            pid,
+            requests: requests(ChildStdin::from_std(child.stdin.take().expect("piped"))?),
+            replies: replies(ChildStdout::from_std(child.stdout.take().expect("piped"))?),
+        };
+        match tokio::time::timeout(READY_TIMEOUT, receive(&mut launcher.replies)).await {
+            Ok(Ok(LauncherMessage::Ready)) => {}
             other => {
                 self.reaper.signal(pid, Signal::SIGKILL);
-                let _ = stdin.shutdown().await;
                 return Err(std::io::Error::other(format!(
                     "no ready message: {other:?}"
                 )));
             }
         }
-        self.pid.store(pid, Ordering::Release);
-        *self.channel.lock().await = Some((stdin, stdout));
-        self.state.send_replace(State::Ready);
-        Ok(exit)
-    }
-
-    async fn take_channel(&self) -> Option<(ChildStdin, ChildStdout)> {
-        let channel = self.channel.lock().await.take();
-        self.state.send_replace(State::Down);
-        channel
+        *self.ready.lock().await = Some(launcher);
+        Ok((pid, exit))
     }
 
     /// After the launcher has exited: the spares it announced but nobody read about yet.
     async fn read_last_words(&self) {
-        if let Some((_, mut stdout)) = self.take_channel().await {
-            let _ = tokio::time::timeout(LAST_WORDS_TIMEOUT, self.read_reply(&mut stdout)).await;
+        if let Some(mut launcher) = self.ready.lock().await.take() {
+            let _ =
+                tokio::time::timeout(LAST_WORDS_TIMEOUT, self.reply(&mut launcher.replies)).await;
         }
     }
 
     /// The next message that is not a spare's announcement; announced spares are waited for.
-    async fn read_reply(&self, stdout: &mut ChildStdout) -> std::io::Result<Value> {
+    async fn reply(&self, replies: &mut Replies<ChildStdout>) -> std::io::Result<LauncherMessage> {
         loop {
-            let message = read_message(stdout).await?;
-            match message["spare"].as_i64() {
+            match receive(replies).await? {
                 // Nobody needs its exit status unless it runs a task, which then watches it
                 // again; until then this only reaps it.
-                Some(pid) if pid > 0 => drop(self.reaper.watch(pid as i32)),
-                _ => return Ok(message),
+                LauncherMessage::Spare { pid } if pid > 0 => drop(self.reaper.watch(pid)),
+                message => return Ok(message),
             }
         }
-    }
-
-    /// The launcher's pid while one runs (0 before the first start).
-    #[cfg(test)]
-    pub fn pid(&self) -> i32 {
-        self.pid.load(Ordering::Acquire)
-    }
-
-    /// Waits until a launcher is ready to take requests.
-    #[cfg(test)]
-    pub async fn wait_ready(&self) {
-        let mut rx = self.state.subscribe();
-        let _ = rx.wait_for(|s| *s == State::Ready).await;
     }
 
     /// Waits until the first launcher is ready or has failed to start.
     pub async fn wait_first_start(&self) {
-        let mut rx = self.state.subscribe();
-        let _ = rx.wait_for(|s| *s != State::Starting).await;
+        let mut rx = self.first_start_over.subscribe();
+        let _ = rx.wait_for(|over| *over).await;
     }
 
     /// Asks the launcher to start a task; its pid, or why not. Any failure other than the
     /// launcher's own "could not fork" answer leaves the launcher killed, to be restarted.
-    pub async fn launch(&self, request: &LaunchRequest<'_>) -> Result<i32, String> {
-        let mut guard = self.channel.lock().await;
-        let Some((stdin, stdout)) = guard.as_mut() else {
-            return Err("the launcher is not ready".into());
-        };
-        let message = json!({
-            "id": request.id,
-            "workload": request.workload,
-            "output": request.output,
-            "claim": request.claim,
-        });
+    pub async fn launch(&self, request: &LaunchRequest<'_>) -> Result<i32, LaunchError> {
+        let mut ready = self.ready.lock().await;
+        let launcher = ready.as_mut().ok_or(LaunchError::NotReady)?;
         let exchange = async {
-            write_message(stdin, &message).await?;
-            self.read_reply(stdout).await
+            send(&mut launcher.requests, request).await?;
+            self.reply(&mut launcher.replies).await
         };
-        let answer = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange).await {
-            Ok(Ok(answer)) => answer,
-            failed => {
-                guard.take();
-                self.state.send_replace(State::Down);
-                self.kill();
-                return Err(match failed {
-                    Ok(Err(e)) => format!("the launcher's pipe broke: {e}"),
-                    _ => format!("the launcher did not answer within {LAUNCH_TIMEOUT:?}"),
-                });
+        let failure = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange).await {
+            Ok(Ok(LauncherMessage::Started { id, pid })) if id == request.id && pid > 0 => {
+                return Ok(pid)
             }
+            Ok(Ok(LauncherMessage::Failed { error, .. })) => {
+                return Err(LaunchError::Refused(error))
+            }
+            Ok(Ok(other)) => LaunchError::OutOfProtocol(other),
+            Ok(Err(e)) => LaunchError::PipeBroke(e),
+            Err(_) => LaunchError::Timeout,
         };
-        match (
-            answer["id"].as_str(),
-            answer["pid"].as_i64(),
-            answer["error"].as_str(),
-        ) {
-            (Some(id), Some(pid), _) if id == request.id && pid > 0 => Ok(pid as i32),
-            (_, _, Some(error)) => Err(format!("the launcher could not start the task: {error}")),
-            _ => {
-                guard.take();
-                self.state.send_replace(State::Down);
-                self.kill();
-                Err(format!("the launcher answered out of protocol: {answer}"))
-            }
+        if let Some(launcher) = ready.take() {
+            self.reaper.signal(launcher.pid, Signal::SIGKILL);
         }
-    }
-
-    fn kill(&self) {
-        self.reaper
-            .signal(self.pid.load(Ordering::Acquire), Signal::SIGKILL);
+        Err(failure)
     }
 }
 
@@ -279,33 +243,54 @@ pub(crate) mod tests {
     use crate::task_spawner::TaskSpawner;
     use nix::unistd::Pid;
 
-    /// What a process the launcher forks exits with when it fails before the task takes over.
-    fn exit_of_a_failing_fork() -> i32 {
+    /// What `check` prints, run by python3 with the launcher script importable.
+    fn run_script(check: &str) -> String {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("astro_launcher.py"), SCRIPT).unwrap();
-        // A subreaper, so that the grandchild is re-parented to it and can be waited for.
-        let check = "import ctypes, os, sys\n\
-            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n\
-            import astro_launcher\n\
-            pid = astro_launcher._double_fork(lambda: 1 / 0)\n\
-            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))";
         let (mut child, _exit) = Reaper::global()
             .spawn(
                 Command::new("python3")
                     .args(["-c", check])
                     .env("PYTHONPATH", dir.path())
+                    .current_dir(dir.path())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null()),
             )
             .unwrap();
         let mut out = String::new();
         std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
-        out.trim().parse().unwrap()
+        out.trim().to_owned()
     }
 
     #[test]
     fn a_fork_that_fails_before_the_task_takes_over_exits_non_zero() {
-        assert_eq!(exit_of_a_failing_fork(), 1);
+        // A subreaper, so that the grandchild is re-parented to it and can be waited for.
+        let exit = run_script(
+            "import ctypes, os, sys\n\
+            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n\
+            import astro_launcher\n\
+            pid = astro_launcher._double_fork(lambda: 1 / 0)\n\
+            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))",
+        );
+        assert_eq!(exit, "1");
+    }
+
+    #[test]
+    fn a_task_claims_a_job_with_its_pid_in_one_step_or_not_at_all() {
+        // Won, then lost to the existing claim; the claim holds the pid, nothing else is left.
+        let out = run_script(
+            "import os, astro_launcher\n\
+            print(astro_launcher._claim('x.claim'), astro_launcher._claim('x.claim'),\n\
+                  open('x.claim').read() == str(os.getpid()), sorted(os.listdir('.')))",
+        );
+        assert_eq!(out, "True False True ['astro_launcher.py', 'x.claim']");
+        // The agent's claim (see `claimed_by`) came first.
+        let out = run_script(
+            "import os, astro_launcher\n\
+            open('y.claim', 'x').close()\n\
+            print(astro_launcher._claim('y.claim'), os.path.getsize('y.claim'))",
+        );
+        assert_eq!(out, "False 0");
     }
 
     // ---- tasks through the real launcher script, with a fake `airflow` package ----
@@ -451,10 +436,18 @@ if __name__ == "__main__":
         }
     }
 
-    pub(crate) async fn ready(launcher: &PreforkLauncher) {
-        tokio::time::timeout(Duration::from_secs(30), launcher.wait_ready())
-            .await
-            .expect("launcher ready");
+    /// Waits until a launcher takes requests; its pid.
+    pub(crate) async fn ready(launcher: &PreforkLauncher) -> i32 {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Some(ready) = launcher.ready.lock().await.as_ref() {
+                    return ready.pid;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("launcher ready")
     }
 
     #[tokio::test]
@@ -524,8 +517,7 @@ if __name__ == "__main__":
     async fn a_launcher_killed_mid_run_loses_no_task_and_comes_back() {
         let pf = prefork(true);
         let launcher = pf.spawner.prefork_launcher().unwrap();
-        ready(&launcher).await;
-        let first_pid = launcher.pid();
+        let first_pid = ready(&launcher).await;
         let mut running = pf
             .spawner
             .spawn(&pf.workload("long", 1.0, 0))
@@ -539,13 +531,12 @@ if __name__ == "__main__":
         let (_, status) = pf.run("next", 0.0, 0).await;
         assert!(status.success());
         tokio::time::timeout(Duration::from_secs(30), async {
-            while launcher.pid() == first_pid {
+            while ready(&launcher).await == first_pid {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
         .await
         .expect("a new launcher is started");
-        ready(&launcher).await;
         let (_, status) = pf.run("after", 0.0, 0).await;
         assert!(status.success());
         assert_eq!(pf.record("after")["main"], "astro_launcher.py");
@@ -581,8 +572,7 @@ if __name__ == "__main__":
     async fn spares_wait_as_children_of_the_agent_and_are_reaped_when_their_launcher_dies() {
         let pf = prefork(true);
         let launcher = pf.spawner.prefork_launcher().unwrap();
-        ready(&launcher).await;
-        let launcher_pid = launcher.pid();
+        let launcher_pid = ready(&launcher).await;
         let agent = std::process::id() as i32;
         // settings(): 2 slots, so 2 spares, each re-parented to the agent once the intermediate
         // process that forked it has exited.

@@ -12,7 +12,8 @@
 //! a task. A claim file decides races between the two: whoever creates it first runs the task.
 
 use crate::config::LaunchMode;
-use crate::prefork_launcher::{LaunchRequest, PreforkLauncher};
+use crate::launcher_protocol::LaunchRequest;
+use crate::prefork_launcher::PreforkLauncher;
 use crate::reaper::Reaper;
 use crate::task_process::TaskProcess;
 use std::ffi::OsString;
@@ -23,7 +24,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Everything needed to start task processes, computed once.
 pub struct TaskSpawner {
@@ -145,7 +145,7 @@ impl TaskSpawner {
                 Err(reason) => tracing::warn!("{reason}; starting the task in a fresh interpreter"),
             }
             // The launcher may have forked the task before it failed: the claim tells.
-            if let Some(pid) = claimed_by(&files.claim).await? {
+            if let Some(pid) = claimed_by(&files.claim)? {
                 tracing::info!(
                     pid,
                     "the launcher had started the task after all; adopting it"
@@ -198,21 +198,17 @@ fn private_file(path: &Path) -> std::io::Result<File> {
 }
 
 /// Claims the job for a fresh interpreter, or returns the pid of the launcher's task that
-/// claimed it first.
-async fn claimed_by(claim: &Path) -> std::io::Result<Option<i32>> {
+/// claimed it first. A task links its claim into place with its pid already written, so a
+/// claim that exists is complete.
+fn claimed_by(claim: &Path) -> std::io::Result<Option<i32>> {
     match private_file(claim) {
         Ok(_) => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            // The task creates the file, then writes its pid: give it a moment to finish.
-            for _ in 0..100 {
-                if let Ok(pid) = std::fs::read_to_string(claim)?.trim().parse::<i32>() {
-                    return Ok(Some(pid));
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(std::io::Error::other(
-                "a task claimed the job but wrote no pid",
-            ))
+            let text = std::fs::read_to_string(claim)?;
+            let pid = text.trim().parse().map_err(|_| {
+                std::io::Error::other(format!("a task claimed the job but wrote no pid: {text:?}"))
+            })?;
+            Ok(Some(pid))
         }
         Err(e) => Err(e),
     }
@@ -379,14 +375,17 @@ pub(crate) mod tests {
         assert_eq!(std::fs::read_dir(spawner.work_dir()).unwrap().count(), 0);
     }
 
-    #[tokio::test]
-    async fn a_claimed_job_is_adopted_not_started_twice() {
+    #[test]
+    fn a_claimed_job_is_adopted_not_started_twice() {
         let dir = tempfile::tempdir().unwrap();
         let claim = dir.path().join("x.claim");
-        assert_eq!(claimed_by(&claim).await.unwrap(), None, "first claim wins");
-        std::fs::write(&claim, "4242").unwrap();
+        assert_eq!(claimed_by(&claim).unwrap(), None, "first claim wins");
+        assert!(
+            claimed_by(&claim).is_err(),
+            "the agent's claim names no task"
+        );
         let other = dir.path().join("y.claim");
         std::fs::write(&other, "4242").unwrap();
-        assert_eq!(claimed_by(&other).await.unwrap(), Some(4242));
+        assert_eq!(claimed_by(&other).unwrap(), Some(4242));
     }
 }
