@@ -11,10 +11,12 @@ Usage: ``python astro_launcher.py [SPARES]`` (default 1).
 
 Protocol (stdin/stdout of this process): each message is a 4-byte big-endian length followed by
 that many bytes of JSON.
-  launcher -> agent, once:  {"ready": true, "pid": <launcher pid>}
-  launcher -> agent:        {"spare": <pid>}   as soon as that process exists (see below)
+  launcher -> agent, once:  {"type": "ready"}
+  launcher -> agent:        {"type": "spare", "pid": <pid>}   as soon as that process exists
+                            (see below)
   agent -> launcher:        {"id", "workload", "output", "claim"}   (paths)
-  launcher -> agent:        {"id", "pid": <task pid>}  or  {"id", "error": "<text>"}
+  launcher -> agent:        {"type": "started", "id", "pid": <task pid>}
+                        or  {"type": "failed", "id", "error": "<text>"}
 
 Each task process is made by a double fork, so that it is not this launcher's child: it is
 re-parented to the agent (a child subreaper), which waits for it and learns its exit status even
@@ -22,9 +24,11 @@ if this launcher dies. The launcher makes them ahead of time, while it has nothi
 up to SPARES processes wait, each on its own pipe, for a job, so that starting a task costs no
 fork while the machine is busiest (when tasks end and the next ones start). A spare whose pipe
 closes (the launcher is gone) exits; the agent waits for it like for a task, which is why each
-is announced. Before running, the task creates ``claim`` exclusively and writes its pid there:
-if the agent has already claimed the job (because the launcher stopped answering and the agent
-started the task another way), the task exits without running, so no job runs twice.
+is announced. Before running, the task claims the job: it writes its pid to a file of its own
+and links that to ``claim``, which fails if ``claim`` exists, so the agent never reads a claim
+without its pid. If the agent has already claimed the job (because the launcher stopped
+answering and the agent started the task another way), the task exits without running, so no
+job runs twice.
 """
 
 import importlib
@@ -129,12 +133,8 @@ def _run_task(request):
         os.setpgid(0, 0)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        try:
-            claim = os.open(request["claim"], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
+        if not _claim(request["claim"]):
             os._exit(0)  # the agent took this job back; it runs elsewhere
-        os.write(claim, str(os.getpid()).encode())
-        os.close(claim)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         output = os.open(request["output"], os.O_WRONLY | os.O_APPEND)
@@ -162,6 +162,23 @@ def _run_task(request):
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _claim(claim):
+    """Whether this process won ``claim``: created with this pid in it, all at once."""
+    mine = f"{claim}.{os.getpid()}"
+    fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        os.write(fd, str(os.getpid()).encode())
+    finally:
+        os.close(fd)
+    try:
+        os.link(mine, claim)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(mine)
 
 
 def _double_fork(body):
@@ -297,7 +314,7 @@ def main():
 
     _warm_up()
 
-    _write_message(replies, {"ready": True, "pid": os.getpid()})
+    _write_message(replies, {"type": "ready"})
     spares = []
     while True:
         # Make spares once requests have stopped coming for a moment: tasks start in bursts
@@ -311,7 +328,7 @@ def main():
                 break
             spares.append((pid, hand))
             _spare_pipes.append(hand)
-            _write_message(replies, {"spare": pid})
+            _write_message(replies, {"type": "spare", "pid": pid})
         request = _read_message(requests)
         if request is None:
             return
@@ -319,9 +336,10 @@ def main():
             pid = _hand_to_spare(spares, request)
             if pid is None:
                 pid = _double_fork(lambda: _run_task(request))
-            _write_message(replies, {"id": request["id"], "pid": pid})
+            _write_message(replies, {"type": "started", "id": request["id"], "pid": pid})
         except Exception as e:  # noqa: BLE001 - every failure goes back to the agent
-            _write_message(replies, {"id": request.get("id"), "error": f"{type(e).__name__}: {e}"})
+            error = f"{type(e).__name__}: {e}"
+            _write_message(replies, {"type": "failed", "id": request.get("id"), "error": error})
 
 
 if __name__ == "__main__":

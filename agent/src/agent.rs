@@ -11,7 +11,8 @@ use crate::readiness::Readiness;
 use crate::registration::{self, Registered};
 use crate::shutdown;
 use crate::slots::Slots;
-use crate::task_process::{SpawnerSettings, TaskSpawner, KILL_GRACE};
+use crate::task_process::KILL_GRACE;
+use crate::task_spawner::{SpawnerSettings, TaskSpawner};
 use crate::versions::Versions;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
@@ -36,7 +37,8 @@ pub async fn run(
     versions: Versions,
     task_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 ) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::new());
+    let slots = Slots::new(config.sync_slots);
+    let metrics = Arc::new(Metrics::new(slots.clone()));
     let readiness = Readiness::default();
     let drain = CancellationToken::new();
     let kill = CancellationToken::new();
@@ -89,7 +91,7 @@ pub async fn run(
         }
     }
     let ctx = Arc::new(Context {
-        slots: Slots::new(config.sync_slots),
+        slots,
         status: WorkerStatus::new(
             config.queues.clone(),
             versions.airflow,
@@ -104,10 +106,8 @@ pub async fn run(
         kill,
         give_up: CancellationToken::new(),
         heartbeat_now: Notify::new(),
-        slot_freed: Notify::new(),
         status_changed: Notify::new(),
     });
-    ctx.update_slot_metrics();
 
     let outcome = serve(&ctx, &readiness).await;
     stop_launcher.cancel();

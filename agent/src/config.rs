@@ -2,7 +2,6 @@
 //! and one validation step that turns it into [`Config`] or a one-line error naming the flag.
 
 use crate::task_env::EnvPattern;
-use crate::task_process::LaunchMode;
 use airflow::secret_file::{value_or_file, SecretError};
 use clap::Parser;
 use std::net::SocketAddr;
@@ -206,6 +205,16 @@ pub struct Config {
     pub task_env_allow: Vec<EnvPattern>,
     /// Trusted for https Airflow besides the built-in roots.
     pub ca: Option<airflow::trusted_ca::TrustedCa>,
+}
+
+/// How task processes are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LaunchMode {
+    /// Fork from a long-lived launcher that has imported Airflow already (fresh interpreters
+    /// while it is not available).
+    Prefork,
+    /// A fresh `python -m airflow.sdk.execution_time.execute_workload` per task.
+    Fresh,
 }
 
 /// Bytes that must never be printed.

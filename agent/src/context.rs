@@ -3,7 +3,7 @@
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::slots::Slots;
-use crate::task_process::TaskSpawner;
+use crate::task_spawner::TaskSpawner;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
 use std::sync::Arc;
@@ -29,8 +29,6 @@ pub struct Context {
     /// Something the next heartbeat should tell Airflow at once (a job started or ended,
     /// drain began).
     pub heartbeat_now: Notify,
-    /// A job ended and gave its slots back: fetch again without waiting the idle interval.
-    pub slot_freed: Notify,
     /// Maintenance mode changed.
     pub status_changed: Notify,
 }
@@ -38,10 +36,5 @@ pub struct Context {
 impl Context {
     pub fn jobs_active(&self) -> u32 {
         self.jobs.len() as u32
-    }
-
-    pub fn update_slot_metrics(&self) {
-        self.metrics.slots_total.set(self.slots.total() as i64);
-        self.metrics.slots_in_use.set(self.slots.in_use() as i64);
     }
 }

@@ -31,10 +31,9 @@ pub async fn run(ctx: Arc<Context>) {
             }
             continue;
         }
-        // Hold one slot while asking, so that a job that arrives always has room.
-        let first_slot = tokio::select! {
+        let reservation = tokio::select! {
             _ = ctx.drain.cancelled() => return,
-            permit = ctx.slots.acquire(1) => permit,
+            reservation = ctx.slots.reserve() => reservation,
         };
         let free = ctx.slots.free() + 1;
         let queues = ctx.status.queues();
@@ -45,27 +44,22 @@ pub async fn run(ctx: Arc<Context>) {
         {
             Ok(Some(job)) => {
                 backoff.reset();
-                let mut slots = first_slot;
-                if job.concurrency_slots > 1 {
-                    // Airflow only hands out jobs that fit `free`, so these are available
-                    // unless an admin shrank the worker meanwhile; then the job waits for them.
-                    slots.merge(ctx.slots.acquire(job.concurrency_slots - 1).await);
-                }
+                let lease = reservation.into_lease(job.concurrency_slots).await;
                 tracing::info!(task = %job.key(), "job received");
-                ctx.jobs.spawn(task_runner::run(ctx.clone(), job, slots));
+                ctx.jobs.spawn(task_runner::run(ctx.clone(), job, lease));
             }
             Ok(None) => {
                 backoff.reset();
-                drop(first_slot);
+                drop(reservation);
                 tokio::select! {
                     _ = ctx.drain.cancelled() => return,
-                    _ = ctx.slot_freed.notified() => {}
+                    _ = ctx.slots.freed() => {}
                     _ = ctx.status_changed.notified() => {}
                     _ = tokio::time::sleep(idle) => {}
                 }
             }
             Err(e) => {
-                drop(first_slot);
+                drop(reservation);
                 let delay = backoff.next_delay();
                 tracing::warn!(error = %e, retry_in = ?delay, "fetching a job failed");
                 tokio::select! {

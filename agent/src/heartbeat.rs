@@ -62,8 +62,6 @@ async fn beat(ctx: &Context) -> Option<WorkerState> {
             let requests = ctx.status.apply(&answer, ctx.slots.total());
             if let Some(concurrency) = requests.concurrency {
                 ctx.slots.resize(concurrency);
-                ctx.update_slot_metrics();
-                ctx.slot_freed.notify_one();
             }
             if requests.maintenance_changed {
                 ctx.status_changed.notify_one();

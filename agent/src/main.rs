@@ -7,7 +7,7 @@ mod config;
 mod context;
 mod fetch_loop;
 mod heartbeat;
-mod launcher_frame;
+mod launcher_protocol;
 mod log_shipper;
 mod metrics;
 mod prefork_launcher;
@@ -21,6 +21,7 @@ mod slots;
 mod task_env;
 mod task_process;
 mod task_runner;
+mod task_spawner;
 mod versions;
 mod worker_status;
 

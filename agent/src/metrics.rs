@@ -1,6 +1,9 @@
 //! Every Prometheus metric the agent exports, registered once in one registry.
 
+use crate::slots::Slots;
 use airflow::edge_client::CallObserver;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
@@ -13,8 +16,6 @@ pub struct Metrics {
     /// Task instances per queue and state for the whole queue (the autoscaling signal).
     pub queue_stats: IntGaugeVec,
     pub queue_stats_refresh_failures: IntCounter,
-    pub slots_total: IntGauge,
-    pub slots_in_use: IntGauge,
     pub tasks_started: IntCounter,
     pub task_launches: IntCounterVec,
     pub tasks_finished: IntCounterVec,
@@ -50,7 +51,7 @@ impl TaskResult {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub fn new(slots: Slots) -> Self {
         let registry = Registry::new();
         let queue_stats = IntGaugeVec::new(
             Opts::new(
@@ -65,16 +66,19 @@ impl Metrics {
             "Failed refreshes of the queue statistics from the Airflow REST API.",
         )
         .unwrap();
-        let slots_total = IntGauge::new(
-            "astro_agent_slots",
-            "Task slots of this worker (syncSlots).",
-        )
-        .unwrap();
-        let slots_in_use = IntGauge::new(
-            "astro_agent_slots_in_use",
-            "Task slots held by running jobs.",
-        )
-        .unwrap();
+        let slot_gauges = SlotGauges {
+            slots,
+            total: IntGauge::new(
+                "astro_agent_slots",
+                "Task slots of this worker (syncSlots).",
+            )
+            .unwrap(),
+            in_use: IntGauge::new(
+                "astro_agent_slots_in_use",
+                "Task slots held by running jobs.",
+            )
+            .unwrap(),
+        };
         let tasks_started = IntCounter::new(
             "astro_agent_tasks_started_total",
             "Jobs received from Airflow and started.",
@@ -151,10 +155,9 @@ impl Metrics {
             .set(1);
 
         for collector in [
-            Box::new(queue_stats.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(queue_stats.clone()) as Box<dyn Collector>,
             Box::new(queue_stats_refresh_failures.clone()),
-            Box::new(slots_total.clone()),
-            Box::new(slots_in_use.clone()),
+            Box::new(slot_gauges),
             Box::new(tasks_started.clone()),
             Box::new(task_launches.clone()),
             Box::new(tasks_finished.clone()),
@@ -188,8 +191,6 @@ impl Metrics {
             registry,
             queue_stats,
             queue_stats_refresh_failures,
-            slots_total,
-            slots_in_use,
             tasks_started,
             task_launches,
             tasks_finished,
@@ -229,9 +230,28 @@ impl Metrics {
     }
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
+/// The slot gauges, read from the slots at each scrape rather than kept up to date beside them.
+struct SlotGauges {
+    slots: Slots,
+    total: IntGauge,
+    in_use: IntGauge,
+}
+
+impl Collector for SlotGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        [&self.total, &self.in_use]
+            .into_iter()
+            .flat_map(|gauge| gauge.desc())
+            .collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.total.set(self.slots.total() as i64);
+        self.in_use.set(self.slots.in_use() as i64);
+        [&self.total, &self.in_use]
+            .into_iter()
+            .flat_map(|gauge| gauge.collect())
+            .collect()
     }
 }
 
@@ -259,7 +279,7 @@ mod tests {
 
     #[test]
     fn render_has_the_contract_metric_and_build_info() {
-        let m = Metrics::new();
+        let m = Metrics::new(Slots::new(3));
         m.queue_stats
             .with_label_values(&["default", "queued"])
             .set(7);
@@ -272,9 +292,28 @@ mod tests {
         assert!(text.contains("astro_agent_tasks_finished_total{result=\"killed\"} 0"));
     }
 
+    #[tokio::test]
+    async fn slot_gauges_are_read_at_scrape_time() {
+        let slots = Slots::new(3);
+        let m = Metrics::new(slots.clone());
+        let reservation = slots.reserve().await;
+        let lease = slots.reserve().await.into_lease(2).await;
+        let text = m.render();
+        assert!(text.contains("\nastro_agent_slots 3\n"), "{text}");
+        assert!(
+            text.contains("\nastro_agent_slots_in_use 2\n"),
+            "the fetch loop's reservation is not a slot in use: {text}"
+        );
+        drop((reservation, lease));
+        slots.resize(5);
+        let text = m.render();
+        assert!(text.contains("\nastro_agent_slots 5\n"), "{text}");
+        assert!(text.contains("\nastro_agent_slots_in_use 0\n"), "{text}");
+    }
+
     #[test]
     fn heartbeat_age_counts_from_the_last_accepted_heartbeat() {
-        let m = Metrics::new();
+        let m = Metrics::new(Slots::new(3));
         m.heartbeat_accepted();
         let text = m.render();
         let line = text

@@ -11,20 +11,19 @@
 //! announces each one, and the agent waits for it from then on, so a spare that exits unused
 //! (its launcher died) does not stay a zombie.
 
-use crate::launcher_frame::{read_message, write_message};
+use crate::launcher_protocol::{
+    receive, replies, requests, send, LaunchRequest, LauncherMessage, Replies, Requests,
+};
 use crate::reaper::Reaper;
 use airflow::backoff::Backoff;
 use nix::sys::signal::Signal;
-use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{oneshot, watch, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -43,14 +42,8 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 const MAX_SPARES: usize = 8;
 /// How long the announcements a dead launcher left in its pipe are read for.
 const LAST_WORDS_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// What to start a task with, as the launcher needs it.
-pub struct LaunchRequest<'a> {
-    pub id: &'a str,
-    pub workload: &'a Path,
-    pub output: &'a Path,
-    pub claim: &'a Path,
-}
+/// How long a launcher whose stdin was closed gets to exit before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 pub struct PreforkLauncher {
     python: PathBuf,
@@ -59,19 +52,33 @@ pub struct PreforkLauncher {
     reaper: &'static Reaper,
     /// How many spares the launcher keeps: as many as tasks may start at once (the slots).
     spares: usize,
-    /// The pipes of the launcher that is ready; `None` while there is none.
-    channel: Mutex<Option<(ChildStdin, ChildStdout)>>,
-    pid: AtomicI32,
-    state: watch::Sender<State>,
+    /// The launcher that takes requests; `None` while there is none.
+    ready: Mutex<Option<Launcher>>,
+    /// Set once the first launcher is ready or has failed to start.
+    first_start_over: watch::Sender<bool>,
 }
 
-/// Whether a launcher can take requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Not tried yet.
-    Starting,
-    Ready,
-    Down,
+/// A running launcher that has said it is ready.
+struct Launcher {
+    pid: i32,
+    requests: Requests<ChildStdin>,
+    replies: Replies<ChildStdout>,
+}
+
+/// Why the launcher did not start a task (it then starts in a fresh interpreter).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("the launcher is not ready")]
+    NotReady,
+    /// The launcher's own answer; it keeps running.
+    #[error("the launcher could not start the task: {0}")]
+    Refused(String),
+    #[error("the launcher's pipe broke: {0}")]
+    PipeBroke(std::io::Error),
+    #[error("the launcher did not answer within {LAUNCH_TIMEOUT:?}")]
+    Timeout,
+    #[error("the launcher answered out of protocol: {0:?}")]
+    OutOfProtocol(LauncherMessage),
 }
 
 impl PreforkLauncher {
@@ -94,9 +101,8 @@ impl PreforkLauncher {
             env,
             reaper,
             spares: (slots as usize).clamp(1, MAX_SPARES),
-            channel: Mutex::new(None),
-            pid: AtomicI32::new(0),
-            state: watch::channel(State::Starting).0,
+            ready: Mutex::new(None),
+            first_start_over: watch::channel(false).0,
         }))
     }
 
@@ -105,18 +111,20 @@ impl PreforkLauncher {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         loop {
             let started = Instant::now();
-            match self.start().await {
-                Ok(mut exit) => {
-                    tracing::info!(pid = self.pid.load(Ordering::Acquire), took = ?started.elapsed(), "task launcher ready");
+            let outcome = self.start().await;
+            self.first_start_over.send_replace(true);
+            match outcome {
+                Ok((pid, mut exit)) => {
+                    tracing::info!(pid, took = ?started.elapsed(), "task launcher ready");
                     tokio::select! {
                         status = &mut exit => {
                             tracing::warn!(?status, "task launcher exited; tasks start in fresh interpreters until it is back");
                         }
                         _ = stop.cancelled() => {
                             // Closing its stdin ends it; running tasks are not its children.
-                            self.take_channel().await;
-                            if tokio::time::timeout(Duration::from_secs(5), exit).await.is_err() {
-                                self.kill();
+                            drop(self.ready.lock().await.take());
+                            if tokio::time::timeout(STOP_GRACE, exit).await.is_err() {
+                                self.reaper.signal(pid, Signal::SIGKILL);
                             }
                             return;
                         }
@@ -127,7 +135,6 @@ impl PreforkLauncher {
                     }
                 }
                 Err(e) => {
-                    self.state.send_replace(State::Down);
                     tracing::warn!(error = %e, "task launcher did not start; tasks start in fresh interpreters");
                 }
             }
@@ -139,8 +146,9 @@ impl PreforkLauncher {
         }
     }
 
-    /// Starts a launcher and waits until it is ready; its exit status arrives on the receiver.
-    async fn start(&self) -> std::io::Result<oneshot::Receiver<ExitStatus>> {
+    /// Starts a launcher and waits until it is ready; its pid, and its exit status on the
+    /// receiver.
+    async fn start(&self) -> std::io::Result<(i32, oneshot::Receiver<ExitStatus>)> {
         let (mut child, exit) = self.reaper.spawn(
             Command::new(&self.python)
                 .arg(&self.script)
@@ -154,151 +162,471 @@ impl PreforkLauncher {
                 .process_group(0),
         )?;
         let pid = child.id() as i32;
-        let mut stdin = ChildStdin::from_std(child.stdin.take().expect("piped"))?;
-        let mut stdout = ChildStdout::from_std(child.stdout.take().expect("piped"))?;
-        let ready = tokio::time::timeout(READY_TIMEOUT, read_message(&mut stdout)).await;
-        match ready {
-            Ok(Ok(message)) if message["ready"] == json!(true) => {}
+        let mut launcher = Launcher {
+            pid,
+            requests: requests(ChildStdin::from_std(child.stdin.take().expect("piped"))?),
+            replies: replies(ChildStdout::from_std(child.stdout.take().expect("piped"))?),
+        };
+        match tokio::time::timeout(READY_TIMEOUT, receive(&mut launcher.replies)).await {
+            Ok(Ok(LauncherMessage::Ready)) => {}
             other => {
                 self.reaper.signal(pid, Signal::SIGKILL);
-                let _ = stdin.shutdown().await;
                 return Err(std::io::Error::other(format!(
                     "no ready message: {other:?}"
                 )));
             }
         }
-        self.pid.store(pid, Ordering::Release);
-        *self.channel.lock().await = Some((stdin, stdout));
-        self.state.send_replace(State::Ready);
-        Ok(exit)
-    }
-
-    async fn take_channel(&self) -> Option<(ChildStdin, ChildStdout)> {
-        let channel = self.channel.lock().await.take();
-        self.state.send_replace(State::Down);
-        channel
+        *self.ready.lock().await = Some(launcher);
+        Ok((pid, exit))
     }
 
     /// After the launcher has exited: the spares it announced but nobody read about yet.
     async fn read_last_words(&self) {
-        if let Some((_, mut stdout)) = self.take_channel().await {
-            let _ = tokio::time::timeout(LAST_WORDS_TIMEOUT, self.read_reply(&mut stdout)).await;
+        if let Some(mut launcher) = self.ready.lock().await.take() {
+            let _ =
+                tokio::time::timeout(LAST_WORDS_TIMEOUT, self.reply(&mut launcher.replies)).await;
         }
     }
 
     /// The next message that is not a spare's announcement; announced spares are waited for.
-    async fn read_reply(&self, stdout: &mut ChildStdout) -> std::io::Result<Value> {
+    async fn reply(&self, replies: &mut Replies<ChildStdout>) -> std::io::Result<LauncherMessage> {
         loop {
-            let message = read_message(stdout).await?;
-            match message["spare"].as_i64() {
+            match receive(replies).await? {
                 // Nobody needs its exit status unless it runs a task, which then watches it
                 // again; until then this only reaps it.
-                Some(pid) if pid > 0 => drop(self.reaper.watch(pid as i32)),
-                _ => return Ok(message),
+                LauncherMessage::Spare { pid } if pid > 0 => drop(self.reaper.watch(pid)),
+                message => return Ok(message),
             }
         }
-    }
-
-    /// The launcher's pid while one runs (0 before the first start).
-    #[cfg(test)]
-    pub fn pid(&self) -> i32 {
-        self.pid.load(Ordering::Acquire)
-    }
-
-    /// Waits until a launcher is ready to take requests.
-    #[cfg(test)]
-    pub async fn wait_ready(&self) {
-        let mut rx = self.state.subscribe();
-        let _ = rx.wait_for(|s| *s == State::Ready).await;
     }
 
     /// Waits until the first launcher is ready or has failed to start.
     pub async fn wait_first_start(&self) {
-        let mut rx = self.state.subscribe();
-        let _ = rx.wait_for(|s| *s != State::Starting).await;
+        let mut rx = self.first_start_over.subscribe();
+        let _ = rx.wait_for(|over| *over).await;
     }
 
     /// Asks the launcher to start a task; its pid, or why not. Any failure other than the
     /// launcher's own "could not fork" answer leaves the launcher killed, to be restarted.
-    pub async fn launch(&self, request: &LaunchRequest<'_>) -> Result<i32, String> {
-        let mut guard = self.channel.lock().await;
-        let Some((stdin, stdout)) = guard.as_mut() else {
-            return Err("the launcher is not ready".into());
-        };
-        let message = json!({
-            "id": request.id,
-            "workload": request.workload,
-            "output": request.output,
-            "claim": request.claim,
-        });
+    pub async fn launch(&self, request: &LaunchRequest<'_>) -> Result<i32, LaunchError> {
+        let mut ready = self.ready.lock().await;
+        let launcher = ready.as_mut().ok_or(LaunchError::NotReady)?;
         let exchange = async {
-            write_message(stdin, &message).await?;
-            self.read_reply(stdout).await
+            send(&mut launcher.requests, request).await?;
+            self.reply(&mut launcher.replies).await
         };
-        let answer = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange).await {
-            Ok(Ok(answer)) => answer,
-            failed => {
-                guard.take();
-                self.state.send_replace(State::Down);
-                self.kill();
-                return Err(match failed {
-                    Ok(Err(e)) => format!("the launcher's pipe broke: {e}"),
-                    _ => format!("the launcher did not answer within {LAUNCH_TIMEOUT:?}"),
-                });
+        let failure = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange).await {
+            Ok(Ok(LauncherMessage::Started { id, pid })) if id == request.id && pid > 0 => {
+                return Ok(pid)
             }
+            Ok(Ok(LauncherMessage::Failed { error, .. })) => {
+                return Err(LaunchError::Refused(error))
+            }
+            Ok(Ok(other)) => LaunchError::OutOfProtocol(other),
+            Ok(Err(e)) => LaunchError::PipeBroke(e),
+            Err(_) => LaunchError::Timeout,
         };
-        match (
-            answer["id"].as_str(),
-            answer["pid"].as_i64(),
-            answer["error"].as_str(),
-        ) {
-            (Some(id), Some(pid), _) if id == request.id && pid > 0 => Ok(pid as i32),
-            (_, _, Some(error)) => Err(format!("the launcher could not start the task: {error}")),
-            _ => {
-                guard.take();
-                self.state.send_replace(State::Down);
-                self.kill();
-                Err(format!("the launcher answered out of protocol: {answer}"))
-            }
+        if let Some(launcher) = ready.take() {
+            self.reaper.signal(launcher.pid, Signal::SIGKILL);
         }
-    }
-
-    fn kill(&self) {
-        self.reaper
-            .signal(self.pid.load(Ordering::Acquire), Signal::SIGKILL);
+        Err(failure)
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::config::LaunchMode;
+    use crate::task_process::tests::gone;
+    use crate::task_process::{Exit, TaskProcess};
+    use crate::task_spawner::tests::settings;
+    use crate::task_spawner::TaskSpawner;
+    use nix::unistd::Pid;
 
-    /// What a process the launcher forks exits with when it fails before the task takes over.
-    fn exit_of_a_failing_fork() -> i32 {
+    /// What `check` prints, run by python3 with the launcher script importable.
+    fn run_script(check: &str) -> String {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("astro_launcher.py"), SCRIPT).unwrap();
-        // A subreaper, so that the grandchild is re-parented to it and can be waited for.
-        let check = "import ctypes, os, sys\n\
-            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n\
-            import astro_launcher\n\
-            pid = astro_launcher._double_fork(lambda: 1 / 0)\n\
-            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))";
         let (mut child, _exit) = Reaper::global()
             .spawn(
                 Command::new("python3")
                     .args(["-c", check])
                     .env("PYTHONPATH", dir.path())
+                    .current_dir(dir.path())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null()),
             )
             .unwrap();
         let mut out = String::new();
         std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
-        out.trim().parse().unwrap()
+        out.trim().to_owned()
     }
 
     #[test]
     fn a_fork_that_fails_before_the_task_takes_over_exits_non_zero() {
-        assert_eq!(exit_of_a_failing_fork(), 1);
+        // A subreaper, so that the grandchild is re-parented to it and can be waited for.
+        let exit = run_script(
+            "import ctypes, os, sys\n\
+            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n\
+            import astro_launcher\n\
+            pid = astro_launcher._double_fork(lambda: 1 / 0)\n\
+            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))",
+        );
+        assert_eq!(exit, "1");
+    }
+
+    #[test]
+    fn a_task_claims_a_job_with_its_pid_in_one_step_or_not_at_all() {
+        // Won, then lost to the existing claim; the claim holds the pid, nothing else is left.
+        let out = run_script(
+            "import os, astro_launcher\n\
+            print(astro_launcher._claim('x.claim'), astro_launcher._claim('x.claim'),\n\
+                  open('x.claim').read() == str(os.getpid()), sorted(os.listdir('.')))",
+        );
+        assert_eq!(out, "True False True ['astro_launcher.py', 'x.claim']");
+        // The agent's claim (see `claimed_by`) came first.
+        let out = run_script(
+            "import os, astro_launcher\n\
+            open('y.claim', 'x').close()\n\
+            print(astro_launcher._claim('y.claim'), os.path.getsize('y.claim'))",
+        );
+        assert_eq!(out, "False 0");
+    }
+
+    // ---- tasks through the real launcher script, with a fake `airflow` package ----
+
+    const FAKE_EXECUTE_WORKLOAD: &str = r#"
+import argparse, json, os, sys, time
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json-path")
+    args = parser.parse_args()
+    w = json.load(open(args.json_path))
+    record = {"pid": os.getpid(), "pgid": os.getpgid(0),
+              "main": os.path.basename(getattr(sys.modules["__main__"], "__file__", "")),
+              "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET")}
+    if w.get("leave_child"):
+        # What `sleep 1 &` in a BashOperator leaves: a child nobody waits for.
+        import subprocess
+        record["left"] = subprocess.Popen(["sleep", str(w["leave_child"])]).pid
+    with open(w["record"], "w") as f:
+        json.dump(record, f)
+    print("fake supervisor running", flush=True)
+    if w.get("supervisor_end"):
+        # What Airflow's supervisor does at a task's end: the task closes its sockets, then
+        # exits; the supervisor selects on a selector with nothing registered until it exits.
+        import selectors
+        sel = selectors.DefaultSelector()
+        child = os.fork()
+        if child == 0:
+            restored = selectors.DefaultSelector.select.__module__ == "selectors"
+            time.sleep(0.2)
+            os._exit(0 if restored else 7)
+        started = time.monotonic()
+        sel.select(timeout=30)
+        record["select_returned_after"] = time.monotonic() - started
+        _, status = os.waitpid(child, 0)
+        record["child_exit"] = os.waitstatus_to_exitcode(status)
+        with open(w["record"], "w") as f:
+            json.dump(record, f)
+    while w.get("hold_until") and not os.path.exists(w["hold_until"]):
+        time.sleep(0.01)
+    time.sleep(w.get("sleep", 0))
+    sys.exit(w.get("exit", 0))
+if __name__ == "__main__":
+    main()
+"#;
+
+    /// A PYTHONPATH folder with just enough of `airflow` (and `pydantic`) for the launcher's
+    /// imports and for `-m airflow.sdk.execution_time.execute_workload`.
+    fn fake_airflow(dir: &Path, with_sdk_log: bool) -> PathBuf {
+        let root = dir.join("pythonpath");
+        let mut files = vec![
+            ("pydantic.py", ""),
+            ("airflow/__init__.py", ""),
+            ("airflow/executors/__init__.py", ""),
+            ("airflow/executors/workloads.py", ""),
+            (
+                "airflow/executors/base_executor.py",
+                "class BaseExecutor: pass\n",
+            ),
+            ("airflow/sdk/__init__.py", ""),
+            ("airflow/sdk/execution_time/__init__.py", ""),
+            ("airflow/sdk/execution_time/supervisor.py", ""),
+            (
+                "airflow/sdk/execution_time/execute_workload.py",
+                FAKE_EXECUTE_WORKLOAD,
+            ),
+        ];
+        if with_sdk_log {
+            files.push(("airflow/sdk/log.py", "def configure_logging(**kw): pass\n"));
+        }
+        for (path, content) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        root
+    }
+
+    pub(crate) struct Prefork {
+        pub(crate) spawner: TaskSpawner,
+        stop: CancellationToken,
+        dir: tempfile::TempDir,
+    }
+
+    impl Drop for Prefork {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    fn prefork(with_sdk_log: bool) -> Prefork {
+        prefork_in(LaunchMode::Prefork, with_sdk_log)
+    }
+
+    /// The real launcher script (or fresh interpreters) with the fake `airflow` package.
+    pub(crate) fn prefork_in(mode: LaunchMode, with_sdk_log: bool) -> Prefork {
+        let dir = tempfile::tempdir().unwrap();
+        let pythonpath = fake_airflow(dir.path(), with_sdk_log);
+        let python = PathBuf::from("python3");
+        let parent = vec![
+            ("PATH".into(), std::env::var_os("PATH").unwrap()),
+            ("PYTHONPATH".into(), pythonpath.into_os_string()),
+            (
+                "AIRFLOW__API_AUTH__JWT_SECRET".into(),
+                "airflow-secret".into(),
+            ),
+        ];
+        let spawner = TaskSpawner::new(
+            settings(&python, dir.path(), mode),
+            crate::task_env::inherited(parent.into_iter(), &[]).into_iter(),
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        if let Some(launcher) = spawner.prefork_launcher() {
+            tokio::spawn(launcher.supervise(stop.clone()));
+        }
+        Prefork { spawner, stop, dir }
+    }
+
+    impl Prefork {
+        pub(crate) fn workload(&self, name: &str, sleep: f64, exit: i32) -> serde_json::Value {
+            let record = self.dir.path().join(format!("{name}.record"));
+            serde_json::json!({"record": record, "sleep": sleep, "exit": exit})
+        }
+
+        pub(crate) fn record(&self, name: &str) -> serde_json::Value {
+            let text =
+                std::fs::read_to_string(self.dir.path().join(format!("{name}.record"))).unwrap();
+            serde_json::from_str(&text).unwrap()
+        }
+
+        async fn run(&self, name: &str, sleep: f64, exit: i32) -> (TaskProcess, ExitStatus) {
+            let mut p = self
+                .spawner
+                .spawn(&self.workload(name, sleep, exit))
+                .await
+                .unwrap();
+            let status = match p.wait(&CancellationToken::new()).await.unwrap() {
+                Exit::Finished(s) => s,
+                other => panic!("{other:?}"),
+            };
+            (p, status)
+        }
+    }
+
+    /// Waits until a launcher takes requests; its pid.
+    pub(crate) async fn ready(launcher: &PreforkLauncher) -> i32 {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Some(ready) = launcher.ready.lock().await.as_ref() {
+                    return ready.pid;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("launcher ready")
+    }
+
+    #[tokio::test]
+    async fn prefork_forks_tasks_from_the_launcher_and_learns_their_exit() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        ready(&launcher).await;
+        // The task holds until released, so its parent can be read while it runs: a task forked
+        // without a spare starts before its intermediate process has exited.
+        let release = pf.dir.path().join("release");
+        let mut workload = pf.workload("ok", 0.0, 0);
+        workload["hold_until"] = release.to_str().unwrap().into();
+        let mut p = pf.spawner.spawn(&workload).await.unwrap();
+        let agent = std::process::id() as i32;
+        let mut parent = None;
+        for _ in 0..500 {
+            parent = parent_of(p.pid());
+            if parent == Some(agent) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(parent, Some(agent), "re-parented to the agent");
+        std::fs::write(&release, "").unwrap();
+        let status = match p.wait(&CancellationToken::new()).await.unwrap() {
+            Exit::Finished(s) => s,
+            other => panic!("{other:?}"),
+        };
+        assert!(status.success());
+        let rec = pf.record("ok");
+        assert_eq!(
+            rec["main"], "astro_launcher.py",
+            "forked from the launcher: {rec}"
+        );
+        assert_eq!(rec["pid"], rec["pgid"], "its own process group");
+        assert_eq!(rec["pid"].as_i64(), Some(p.pid() as i64));
+        assert_eq!(
+            rec["secret"],
+            serde_json::Value::Null,
+            "no JWT secret in the launcher's env"
+        );
+        assert!(p.output_tail(1024).contains("fake supervisor running"));
+        let (_, status) = pf.run("fails", 0.0, 3).await;
+        assert_eq!(status.code(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn the_supervisor_wakes_up_when_its_task_process_exits() {
+        let pf = prefork(true);
+        ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        let mut workload = pf.workload("end", 0.0, 0);
+        workload["supervisor_end"] = true.into();
+        let mut p = pf.spawner.spawn(&workload).await.unwrap();
+        let exit = p.wait(&CancellationToken::new()).await.unwrap();
+        assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+        let rec = pf.record("end");
+        // Woken by the child's exit, not by the 30 s timeout of an empty selector.
+        let waited = rec["select_returned_after"].as_f64().unwrap();
+        assert!(waited < 20.0, "select waited {waited} s: {rec}");
+        assert_eq!(
+            rec["child_exit"], 0,
+            "the task (forked by the supervisor) has the original select: {rec}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_launcher_killed_mid_run_loses_no_task_and_comes_back() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        let first_pid = ready(&launcher).await;
+        let mut running = pf
+            .spawner
+            .spawn(&pf.workload("long", 1.0, 0))
+            .await
+            .unwrap();
+        nix::sys::signal::kill(Pid::from_raw(first_pid), Signal::SIGKILL).unwrap();
+        // The task outlives its launcher and the agent still learns how it ended.
+        let exit = running.wait(&CancellationToken::new()).await.unwrap();
+        assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+        // Meanwhile or afterwards, tasks still start (fresh or from the new launcher).
+        let (_, status) = pf.run("next", 0.0, 0).await;
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while ready(&launcher).await == first_pid {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("a new launcher is started");
+        let (_, status) = pf.run("after", 0.0, 0).await;
+        assert!(status.success());
+        assert_eq!(pf.record("after")["main"], "astro_launcher.py");
+    }
+
+    /// The parent of a live process, from `/proc/<pid>/stat` (field 4, after the name).
+    fn parent_of(pid: i32) -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, after_name) = stat.rsplit_once(") ")?;
+        after_name.split(' ').nth(1)?.parse().ok()
+    }
+
+    /// The processes a launcher forked that are still in its process group (a task leaves the
+    /// group), with their parents: spares, and intermediates on their way out.
+    fn forked_by(launcher: i32) -> Vec<(i32, i32)> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let after_name = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
+            let fields: Vec<&str> = after_name.split(' ').collect();
+            let field = |i: usize| fields.get(i).and_then(|f| f.parse::<i32>().ok());
+            if field(2) == Some(launcher) && pid != launcher {
+                found.push((pid, field(1).unwrap_or(0)));
+            }
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn spares_wait_as_children_of_the_agent_and_are_reaped_when_their_launcher_dies() {
+        let pf = prefork(true);
+        let launcher = pf.spawner.prefork_launcher().unwrap();
+        let launcher_pid = ready(&launcher).await;
+        let agent = std::process::id() as i32;
+        // settings(): 2 slots, so 2 spares, each re-parented to the agent once the intermediate
+        // process that forked it has exited.
+        let mut forked = Vec::new();
+        for _ in 0..500 {
+            forked = forked_by(launcher_pid);
+            if forked.len() == 2 && forked.iter().all(|&(_, parent)| parent == agent) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            forked.len() == 2 && forked.iter().all(|&(_, parent)| parent == agent),
+            "two spares, children of the agent ({agent}): {forked:?}"
+        );
+        nix::sys::signal::kill(Pid::from_raw(launcher_pid), Signal::SIGKILL).unwrap();
+        for (pid, _) in forked {
+            // Gone from /proc altogether: exited and waited for, not left a zombie.
+            let mut reaped = false;
+            for _ in 0..500 {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    reaped = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(reaped, "spare {pid} is still there");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_launcher_that_cannot_start_falls_back_to_fresh_interpreters() {
+        let pf = prefork(false); // the launcher's imports fail; execute_workload itself works
+        let (_, status) = pf.run("fallback", 0.0, 0).await;
+        assert!(status.success());
+        assert_eq!(pf.record("fallback")["main"], "execute_workload.py");
+    }
+
+    #[tokio::test]
+    async fn prefork_tasks_are_stopped_by_process_group() {
+        let pf = prefork(true);
+        ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        let mut p = pf
+            .spawner
+            .spawn(&pf.workload("stuck", 300.0, 0))
+            .await
+            .unwrap();
+        let kill = CancellationToken::new();
+        kill.cancel();
+        let exit = tokio::time::timeout(Duration::from_secs(15), p.wait(&kill))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(exit, Exit::Killed(_)), "{exit:?}");
+        assert!(gone(p.pid()).await);
     }
 }

@@ -195,9 +195,13 @@ impl Reaper {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::config::LaunchMode;
+    use crate::prefork_launcher::tests::{prefork_in, ready};
+    use crate::task_process::Exit;
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
 
     /// Whether the process is gone from /proc altogether (exited and reaped, not a zombie).
     pub(crate) async fn reaped(pid: i32, within: Duration) -> bool {
@@ -269,5 +273,52 @@ pub(crate) mod tests {
         // Its status went to its first watcher: nothing is left to report it again.
         let status = Reaper::global().watch(child.id() as i32).await.unwrap();
         assert_eq!(status.code(), Some(127));
+    }
+
+    /// Runs `count` tasks, `at_once` at a time, each leaving a child that outlives it by a
+    /// moment; every one of those children is reaped within 3 s of its task's end.
+    async fn tasks_leaving_children_leave_no_zombie(
+        mode: LaunchMode,
+        count: usize,
+        at_once: usize,
+    ) {
+        let pf = prefork_in(mode, true);
+        if mode == LaunchMode::Prefork {
+            ready(&pf.spawner.prefork_launcher().unwrap()).await;
+        }
+        let mut left = Vec::new();
+        for batch in (0..count).collect::<Vec<_>>().chunks(at_once) {
+            let mut running = Vec::new();
+            for i in batch {
+                let mut workload = pf.workload(&format!("t{i}"), 0.0, 0);
+                workload["leave_child"] = 0.1.into();
+                running.push(pf.spawner.spawn(&workload).await.unwrap());
+            }
+            for mut p in running {
+                let exit = p.wait(&CancellationToken::new()).await.unwrap();
+                assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+                assert_eq!(p.launched_by(), mode);
+            }
+            for i in batch {
+                left.push(pf.record(&format!("t{i}"))["left"].as_i64().unwrap() as i32);
+            }
+        }
+        for pid in left {
+            assert!(
+                reaped(pid, Duration::from_secs(3)).await,
+                "the child {pid} a task left behind is still there (a zombie?)"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_child_a_task_leaves_behind_is_reaped() {
+        tasks_leaving_children_leave_no_zombie(LaunchMode::Prefork, 1, 1).await;
+        tasks_leaving_children_leave_no_zombie(LaunchMode::Fresh, 1, 1).await;
+    }
+
+    #[tokio::test]
+    async fn two_hundred_tasks_leave_no_zombie() {
+        tasks_leaving_children_leave_no_zombie(LaunchMode::Prefork, 200, 8).await;
     }
 }

@@ -2,16 +2,17 @@
 //! while it runs, give its slots back when the process ends, then ship the last log lines and
 //! report `success` or `failed`.
 
+use crate::config::LaunchMode;
 use crate::context::Context;
 use crate::log_shipper::LogShipper;
 use crate::metrics::TaskResult;
 use crate::reporter::{deliver, Delivery};
-use crate::task_process::{Exit, LaunchMode};
+use crate::slots::Lease;
+use crate::task_process::Exit;
 use airflow::backoff::Backoff;
 use airflow::edge_types::{EdgeJob, JobState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::OwnedSemaphorePermit;
 
 /// How often a running task's new log lines are pushed, the first time after one interval:
 /// the Python worker's cadence (`job_poll_interval`) without its push at the very start, when
@@ -26,11 +27,10 @@ const FAILURE_OUTPUT_TAIL: u64 = 16 * 1024;
 /// Runs `job`, holding `slots` while its task process runs. The slots go back as soon as the
 /// process has ended, so the next job is fetched while this one's last log lines and final
 /// state go out (a slot bounds task processes, and this one is gone).
-pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
+pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
     let key = job.key();
     let started = Instant::now();
     ctx.metrics.tasks_started.inc();
-    ctx.update_slot_metrics();
     ctx.heartbeat_now.notify_one();
     let log_path = job.log_path().map(|p| ctx.config.log_folder.join(p));
     if log_path.is_none() {
@@ -54,7 +54,7 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
                 LaunchMode::Fresh => "fresh",
             };
             ctx.metrics.task_launches.with_label_values(&[mode]).inc();
-            tracing::info!(task = %key, pid = process.pid(), mode, slots = slots.num_permits(), "task started");
+            tracing::info!(task = %key, pid = process.pid(), mode, slots = slots.count(), "task started");
             let mut report_running = std::pin::pin!(deliver(
                 &ctx.edge,
                 &key,
@@ -110,8 +110,6 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: OwnedSemaphorePermit) {
     };
 
     drop(slots);
-    ctx.update_slot_metrics();
-    ctx.slot_freed.notify_one();
 
     push_last_logs(&ctx, &mut shipper, &key).await;
     let final_state = if result == TaskResult::Success {
