@@ -31,8 +31,8 @@ pub struct Context {
     pub heartbeat_now: Notify,
     /// A job ended and gave its slots back: fetch again without waiting the idle interval.
     pub slot_freed: Notify,
-    /// Maintenance mode changed.
-    pub status_changed: Notify,
+    /// Airflow turned maintenance mode on or off: the fetch loop stops or resumes asking.
+    pub maintenance_changed: Notify,
 }
 
 impl Context {
