@@ -1,9 +1,9 @@
 //! The agent's own HTTP endpoints, apart from the data path: `/metrics`, `/healthz`, `/readyz`.
 
 use crate::metrics::Metrics;
-use crate::readiness::Readiness;
 use bytes::Bytes;
 use http_body_util::Full;
+use http_server::Readiness;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};

@@ -7,7 +7,6 @@ use crate::fetch_loop;
 use crate::heartbeat;
 use crate::metrics::{EdgeCallMetrics, Metrics};
 use crate::queue_stats;
-use crate::readiness::Readiness;
 use crate::registration::{self, Registered};
 use crate::shutdown;
 use crate::slots::Slots;
@@ -18,6 +17,7 @@ use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
 use airflow::edge_token::EdgeTokenSigner;
 use anyhow::Context as _;
+use http_server::Readiness;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -106,7 +106,7 @@ pub async fn run(
         kill,
         give_up: CancellationToken::new(),
         heartbeat_now: Notify::new(),
-        status_changed: Notify::new(),
+        maintenance_changed: Notify::new(),
     });
 
     let outcome = serve(&ctx, &readiness).await;
@@ -124,6 +124,7 @@ async fn serve(ctx: &Arc<Context>, readiness: &Readiness) -> anyhow::Result<()> 
         tracing::info!("stopped before registration completed");
         return Ok(());
     }
+    // Ready: registered with Airflow, until the drain begins.
     readiness.set(true);
     let stop_background = CancellationToken::new();
     let heartbeats = tokio::spawn(heartbeat::run(ctx.clone(), stop_background.clone()));

@@ -2,8 +2,9 @@
 //! and one validation step that turns it into [`Config`] or a one-line error naming the flag.
 
 use crate::task_env::EnvPattern;
+use airflow::rest_api::{CredentialNames, RestCredentials};
 use airflow::secret_file::{value_or_file, SecretError};
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,7 +14,16 @@ use url::Url;
 #[command(
     name = "astro-agent",
     version,
-    about = "Runs Apache Airflow 3 tasks from the Edge Worker API; drains on SIGTERM."
+    about = "Runs Apache Airflow 3 tasks from the Edge Worker API; drains on SIGTERM.",
+    // The REST API takes a token or a username and password, never a mix.
+    group = ArgGroup::new("rest_api_token_given")
+        .args(["rest_api_token", "rest_api_token_file"])
+        .multiple(true)
+        .conflicts_with_all(["rest_api_username", "rest_api_password_given"]),
+    group = ArgGroup::new("rest_api_password_given")
+        .args(["rest_api_password", "rest_api_password_file"])
+        .multiple(true)
+        .requires("rest_api_username"),
 )]
 pub struct Flags {
     /// Edge Worker API base URL, e.g. http://airflow-api-server:8080/edge_worker/v1
@@ -34,16 +44,19 @@ pub struct Flags {
         long,
         env = "ASTRO_AGENT_QUEUES",
         value_name = "QUEUES",
-        default_value = "default"
+        default_value = "default",
+        value_delimiter = ',',
+        value_parser = queue_name
     )]
-    pub queues: String,
+    pub queues: Vec<String>,
 
     /// Slots: how many task slots run at once (a job takes its concurrency_slots of them)
     #[arg(
         long,
         env = "ASTRO_AGENT_SYNC_SLOTS",
         value_name = "N",
-        default_value_t = 16
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub sync_slots: u32,
 
@@ -54,16 +67,16 @@ pub struct Flags {
         value_name = "ADDR",
         default_value = "0.0.0.0:39091"
     )]
-    pub listen: String,
+    pub listen: SocketAddr,
 
     /// Time between heartbeats (and queue-stats refreshes)
     #[arg(long, env = "ASTRO_AGENT_HEARTBEAT_INTERVAL", value_name = "DURATION",
-          default_value = "30s", value_parser = humantime::parse_duration)]
+          default_value = "30s", value_parser = duration_at_least(Duration::from_secs(1)))]
     pub heartbeat_interval: Duration,
 
     /// Time between fetches while slots are free and the last fetch found no job
     #[arg(long, env = "ASTRO_AGENT_IDLE_FETCH_INTERVAL", value_name = "DURATION",
-          default_value = "5s", value_parser = humantime::parse_duration)]
+          default_value = "5s", value_parser = duration_at_least(Duration::from_millis(100)))]
     pub idle_fetch_interval: Duration,
 
     /// Execution API URL handed to tasks, e.g. http://airflow-api-server:8080/execution/
@@ -144,7 +157,12 @@ pub struct Flags {
     pub rest_api_token_file: Option<PathBuf>,
 
     /// User exchanged for a token at /auth/token (with --rest-api-password)
-    #[arg(long, env = "ASTRO_AGENT_REST_API_USERNAME", value_name = "USER")]
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_REST_API_USERNAME",
+        value_name = "USER",
+        requires = "rest_api_password_given"
+    )]
     pub rest_api_username: Option<String>,
 
     /// Password for --rest-api-username (prefer --rest-api-password-file)
@@ -175,11 +193,35 @@ pub struct Flags {
     pub ca_file: Option<PathBuf>,
 }
 
+/// A queue name from the comma-separated list, without the spaces around it.
+fn queue_name(value: &str) -> Result<String, String> {
+    match value.trim() {
+        "" => Err("empty queue name".into()),
+        name => Ok(name.to_string()),
+    }
+}
+
+/// A duration no shorter than `min`: shorter intervals would only load the API server.
+fn duration_at_least(
+    min: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |value| {
+        let duration = humantime::parse_duration(value).map_err(|e| e.to_string())?;
+        if duration < min {
+            return Err(format!(
+                "must be at least {}",
+                humantime::format_duration(min)
+            ));
+        }
+        Ok(duration)
+    }
+}
+
 /// Where queue statistics come from, when they are on.
 #[derive(Debug, Clone)]
 pub struct RestApiConfig {
     pub url: Url,
-    pub credentials: airflow::rest_api::RestCredentials,
+    pub credentials: RestCredentials,
 }
 
 /// A validated configuration.
@@ -316,39 +358,10 @@ impl Flags {
             return Err(err("--worker-name", "must not contain '/'"));
         }
 
-        let queues: Vec<String> = self
-            .queues
-            .split(',')
-            .map(|q| q.trim().to_string())
-            .collect();
-        if queues.iter().any(|q| q.is_empty()) {
-            return Err(err(
-                "--queues",
-                format!("{:?} has an empty queue name", self.queues),
-            ));
-        }
-
-        if self.sync_slots < 1 {
-            return Err(err("--sync-slots", "must be at least 1"));
-        }
-        let listen: SocketAddr = self.listen.parse().map_err(|_| {
-            err(
-                "--listen",
-                format!("{:?} is not an address like 0.0.0.0:39091", self.listen),
-            )
-        })?;
-        if self.heartbeat_interval < Duration::from_secs(1) {
-            return Err(err("--heartbeat-interval", "must be at least 1s"));
-        }
-        if self.idle_fetch_interval < Duration::from_millis(100) {
-            return Err(err("--idle-fetch-interval", "must be at least 100ms"));
-        }
-
         let rest_api = match self.rest_api_url.as_deref() {
             None => None,
             Some(url) => {
                 let url = http_url("--rest-api-url", Some(url))?;
-                use airflow::rest_api::RestCredentials;
                 let token = value_or_file(
                     self.rest_api_token,
                     "--rest-api-token",
@@ -361,30 +374,17 @@ impl Flags {
                     self.rest_api_password_file.as_deref(),
                     "--rest-api-password-file",
                 )?;
-                let credentials = match (token, self.rest_api_username, password) {
-                    (Some(token), None, None) if !token.is_empty() => RestCredentials::Token(token),
-                    (None, Some(username), Some(password)) if !username.is_empty() => {
-                        RestCredentials::Password { username, password }
-                    }
-                    (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                        return Err(err(
-                            "--rest-api-token",
-                            "give either a token or a username and password, not both",
-                        ))
-                    }
-                    (None, Some(_), None) => {
-                        return Err(err(
-                            "--rest-api-password",
-                            "is required with --rest-api-username",
-                        ))
-                    }
-                    _ => {
-                        return Err(err(
-                            "--rest-api-token",
-                            "--rest-api-url needs a token, or --rest-api-username and --rest-api-password",
-                        ))
-                    }
-                };
+                let credentials = RestCredentials::from_given(
+                    token,
+                    self.rest_api_username,
+                    password,
+                    CredentialNames {
+                        token: "--rest-api-token",
+                        username: "--rest-api-username",
+                        password: "--rest-api-password",
+                        needed_by: "--rest-api-url",
+                    },
+                )?;
                 Some(RestApiConfig { url, credentials })
             }
         };
@@ -407,9 +407,9 @@ impl Flags {
             api_url,
             jwt_secret: Secret(jwt_secret),
             worker_name,
-            queues,
+            queues: self.queues,
             sync_slots: self.sync_slots,
-            listen,
+            listen: self.listen,
             heartbeat_interval: self.heartbeat_interval,
             idle_fetch_interval: self.idle_fetch_interval,
             execution_api_url,
@@ -488,16 +488,34 @@ mod tests {
     }
 
     #[test]
-    fn each_bad_value_names_its_flag() {
+    fn clap_refuses_bad_values_naming_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (&["--sync-slots", "0"], "--sync-slots"),
             (&["--queues", "a,,b"], "--queues"),
             (&["--listen", "nowhere"], "--listen"),
             (&["--heartbeat-interval", "10ms"], "--heartbeat-interval"),
+            (&["--idle-fetch-interval", "10ms"], "--idle-fetch-interval"),
+            (&["--rest-api-username", "u"], "--rest-api-password"),
+            (
+                &["--rest-api-token", "t", "--rest-api-username", "u"],
+                "--rest-api-token",
+            ),
+            (&["--rest-api-password", "p"], "--rest-api-username"),
+        ];
+        for (args, flag) in cases {
+            let argv = ["astro-agent"].iter().chain(args.iter());
+            let e = Flags::try_parse_from(argv).unwrap_err().to_string();
+            assert!(e.contains(flag), "args {args:?} gave {e}");
+        }
+    }
+
+    #[test]
+    fn each_bad_value_names_its_flag() {
+        let cases: &[(&[&str], &str)] = &[
             (&["--rest-api-url", "http://x:1"], "--rest-api-token"),
             (
-                &["--rest-api-url", "http://x:1", "--rest-api-username", "u"],
-                "--rest-api-password",
+                &["--rest-api-url", "http://x:1", "--rest-api-token", ""],
+                "--rest-api-token",
             ),
             (&["--rest-api-url", "ftp://x"], "--rest-api-url"),
             (&["--worker-name", "a/b"], "--worker-name"),
@@ -578,22 +596,25 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        for (flag, file) in [
-            ("--rest-api-token", &token),
-            ("--rest-api-password", &password),
+        for (flag, file, username) in [
+            ("--rest-api-token", &token, &[][..]),
+            (
+                "--rest-api-password",
+                &password,
+                &["--rest-api-username", "admin"][..],
+            ),
         ] {
             let file_flag = format!("{flag}-file");
-            let e = validate(&[
+            let mut args = vec![
                 "--rest-api-url",
                 "http://127.0.0.1:8080",
-                "--rest-api-username",
-                "admin",
                 flag,
                 "v",
                 &file_flag,
                 file.to_str().unwrap(),
-            ])
-            .unwrap_err();
+            ];
+            args.extend_from_slice(username);
+            let e = validate(&args).unwrap_err();
             assert_eq!(e.flag, file_flag, "{e}");
         }
     }

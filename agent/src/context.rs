@@ -29,8 +29,8 @@ pub struct Context {
     /// Something the next heartbeat should tell Airflow at once (a job started or ended,
     /// drain began).
     pub heartbeat_now: Notify,
-    /// Maintenance mode changed.
-    pub status_changed: Notify,
+    /// Airflow turned maintenance mode on or off: the fetch loop stops or resumes asking.
+    pub maintenance_changed: Notify,
 }
 
 impl Context {

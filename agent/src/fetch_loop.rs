@@ -27,7 +27,7 @@ pub async fn run(ctx: Arc<Context>) {
         if ctx.status.in_maintenance() {
             tokio::select! {
                 _ = ctx.drain.cancelled() => return,
-                _ = ctx.status_changed.notified() => {}
+                _ = ctx.maintenance_changed.notified() => {}
             }
             continue;
         }
@@ -54,7 +54,7 @@ pub async fn run(ctx: Arc<Context>) {
                 tokio::select! {
                     _ = ctx.drain.cancelled() => return,
                     _ = ctx.slots.freed() => {}
-                    _ = ctx.status_changed.notified() => {}
+                    _ = ctx.maintenance_changed.notified() => {}
                     _ = tokio::time::sleep(idle) => {}
                 }
             }

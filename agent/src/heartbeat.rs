@@ -2,16 +2,18 @@
 //! and apply what Airflow answers (queues, concurrency, maintenance, shutdown request).
 
 use crate::context::Context;
-use airflow::backoff::Backoff;
+use airflow::backoff::{retry, Backoff};
 use airflow::edge_types::WorkerState;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Runs until `stop` is cancelled.
 pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let mut interval = tokio::time::interval(ctx.config.heartbeat_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut backoff = Backoff::for_airflow();
+    // A failed beat is retried (`beat` logs why), never longer apart than the interval.
+    let backoff = Backoff::for_airflow().at_most(ctx.config.heartbeat_interval);
     let mut last_state = None;
     loop {
         tokio::select! {
@@ -27,19 +29,15 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
             }
             _ = ctx.drain.cancelled(), if !ctx.drain.is_cancelled() => {}
         }
-        // Retry a failed beat with backoff, but never longer apart than the interval itself.
-        loop {
-            if let Some(sent) = beat(&ctx).await {
-                last_state = Some(sent);
-                break;
-            }
-            let delay = backoff.next_delay().min(ctx.config.heartbeat_interval);
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
+        let context: &Context = &ctx;
+        let sent = retry(backoff.clone(), stop.cancelled(), || async move {
+            beat(context).await.ok_or(|_: Duration| {})
+        })
+        .await;
+        match sent {
+            Some(sent) => last_state = Some(sent),
+            None => return,
         }
-        backoff.reset();
     }
 }
 
@@ -64,7 +62,7 @@ async fn beat(ctx: &Context) -> Option<WorkerState> {
                 ctx.slots.resize(concurrency);
             }
             if requests.maintenance_changed {
-                ctx.status_changed.notify_one();
+                ctx.maintenance_changed.notify_one();
             }
             if requests.shutdown && !ctx.drain.is_cancelled() {
                 tracing::info!("Airflow requested shutdown: draining");
@@ -101,6 +99,9 @@ async fn beat(ctx: &Context) -> Option<WorkerState> {
     }
 }
 
+/// How often the last heartbeat is tried.
+const OFFLINE_ATTEMPTS: u32 = 5;
+
 /// The last heartbeat: `offline`, so Airflow frees the name at once instead of waiting for the
 /// heartbeat timeout. A few attempts, then the agent exits anyway.
 pub async fn report_offline(ctx: &Context) {
@@ -112,21 +113,25 @@ pub async fn report_offline(ctx: &Context) {
     let body = ctx
         .status
         .body(state, 0, ctx.slots.total(), ctx.slots.total());
-    let mut backoff = Backoff::for_airflow();
-    for attempt in 1..=5 {
-        match ctx.edge.heartbeat(&ctx.config.worker_name, &body).await {
-            Ok(_) => {
-                tracing::info!("reported offline to Airflow");
-                return;
+    let body = &body;
+    let mut attempts = 0;
+    retry(Backoff::for_airflow(), std::future::pending(), || {
+        attempts += 1;
+        let last = attempts == OFFLINE_ATTEMPTS;
+        async move {
+            match ctx.edge.heartbeat(&ctx.config.worker_name, body).await {
+                Ok(_) => tracing::info!("reported offline to Airflow"),
+                Err(e) if !last && e.is_retryable() => {
+                    return Err(move |_: Duration| {
+                        tracing::warn!(error = %e, "reporting offline failed; retrying")
+                    })
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "could not report offline; Airflow will time this worker out")
+                }
             }
-            Err(e) if attempt < 5 && e.is_retryable() => {
-                tracing::warn!(error = %e, "reporting offline failed; retrying");
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "could not report offline; Airflow will time this worker out");
-                return;
-            }
+            Ok(())
         }
-    }
+    })
+    .await;
 }

@@ -12,7 +12,6 @@ mod log_shipper;
 mod metrics;
 mod prefork_launcher;
 mod queue_stats;
-mod readiness;
 mod reaper;
 mod registration;
 mod reporter;
@@ -25,11 +24,8 @@ mod task_spawner;
 mod versions;
 mod worker_status;
 
-use clap::Parser;
+use logging::flags::EXIT_CONFIG;
 use std::process::ExitCode;
-
-/// Exit code for an invalid configuration.
-const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     // Before any secret is read: a process that is not dumpable has its /proc/<pid>/environ,
@@ -40,19 +36,9 @@ fn main() -> ExitCode {
         eprintln!("astro-agent: cannot make the process non-dumpable: {e}");
         return ExitCode::FAILURE;
     }
-    let flags = match config::Flags::try_parse() {
+    let flags: config::Flags = match logging::flags::parse() {
         Ok(flags) => flags,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let rendered = e.render().to_string();
-            let line = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("astro-agent: {}", line.trim_start_matches("error: "));
-            return ExitCode::from(EXIT_CONFIG);
-        }
+        Err(exit) => return exit,
     };
     logging::init(flags.log_format);
 

@@ -50,130 +50,140 @@ impl TaskResult {
     }
 }
 
+/// Registers `metric`, as its constructor returned it, and hands it back. A bad name or a
+/// name taken twice is a programming error that the first test run shows.
+fn register<M: Collector + Clone + 'static>(r: &Registry, metric: prometheus::Result<M>) -> M {
+    let metric = metric.expect("valid metric");
+    r.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
 impl Metrics {
     pub fn new(slots: Slots) -> Self {
-        let registry = Registry::new();
-        let queue_stats = IntGaugeVec::new(
-            Opts::new(
-                "astro_agent_client_queue_stats",
-                "Task instances on the queue in the given state, for the whole queue (not this pod).",
-            ),
-            &["queue", "state"],
-        )
-        .unwrap();
-        let queue_stats_refresh_failures = IntCounter::new(
-            "astro_agent_queue_stats_refresh_failures_total",
-            "Failed refreshes of the queue statistics from the Airflow REST API.",
-        )
-        .unwrap();
-        let slot_gauges = SlotGauges {
+        let r = Registry::new();
+        r.register(Box::new(SlotGauges {
             slots,
-            total: IntGauge::new(
-                "astro_agent_slots",
-                "Task slots of this worker (syncSlots).",
-            )
-            .unwrap(),
-            in_use: IntGauge::new(
-                "astro_agent_slots_in_use",
-                "Task slots held by running jobs.",
-            )
-            .unwrap(),
+            total: IntGauge::new("astro_agent_slots", "Task slots of this worker (syncSlots).")
+                .expect("valid metric"),
+            in_use: IntGauge::new("astro_agent_slots_in_use", "Task slots held by running jobs.")
+                .expect("valid metric"),
+        }))
+        .expect("unique metric");
+        let metrics = Metrics {
+            queue_stats: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "astro_agent_client_queue_stats",
+                        "Task instances on the queue in the given state, for the whole queue (not this pod).",
+                    ),
+                    &["queue", "state"],
+                ),
+            ),
+            queue_stats_refresh_failures: register(
+                &r,
+                IntCounter::new(
+                    "astro_agent_queue_stats_refresh_failures_total",
+                    "Failed refreshes of the queue statistics from the Airflow REST API.",
+                ),
+            ),
+            tasks_started: register(
+                &r,
+                IntCounter::new(
+                    "astro_agent_tasks_started_total",
+                    "Jobs received from Airflow and started.",
+                ),
+            ),
+            task_launches: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "astro_agent_task_launches_total",
+                        "Task processes started, by how: prefork (forked from the launcher) or fresh (a new interpreter).",
+                    ),
+                    &["mode"],
+                ),
+            ),
+            tasks_finished: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "astro_agent_tasks_finished_total",
+                        "Jobs finished, by result (success, failed, killed, start_failed).",
+                    ),
+                    &["result"],
+                ),
+            ),
+            task_duration: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "astro_agent_task_duration_seconds",
+                        "Wall time of task processes, by result.",
+                    )
+                    .buckets(vec![
+                        1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0,
+                    ]),
+                    &["result"],
+                ),
+            ),
+            edge_request_duration: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "astro_agent_edge_api_request_duration_seconds",
+                        "Duration of Edge Worker API calls, by call.",
+                    )
+                    .buckets(vec![
+                        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0,
+                    ]),
+                    &["call"],
+                ),
+            ),
+            edge_request_failures: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "astro_agent_edge_api_request_failures_total",
+                        "Failed Edge Worker API calls, by call.",
+                    ),
+                    &["call"],
+                ),
+            ),
+            heartbeat_age: register(
+                &r,
+                Gauge::new(
+                    "astro_agent_heartbeat_age_seconds",
+                    "Seconds since the last heartbeat Airflow accepted (-1 before the first).",
+                ),
+            ),
+            draining: register(
+                &r,
+                IntGauge::new(
+                    "astro_agent_draining",
+                    "1 while the agent drains: it fetches no new jobs and waits for running ones.",
+                ),
+            ),
+            task_reports_pending: register(
+                &r,
+                IntGauge::new(
+                    "astro_agent_task_reports_pending",
+                    "Final job states not yet delivered to Airflow.",
+                ),
+            ),
+            last_heartbeat: Mutex::new(None),
+            registry: r,
         };
-        let tasks_started = IntCounter::new(
-            "astro_agent_tasks_started_total",
-            "Jobs received from Airflow and started.",
-        )
-        .unwrap();
-        let task_launches = IntCounterVec::new(
-            Opts::new(
-                "astro_agent_task_launches_total",
-                "Task processes started, by how: prefork (forked from the launcher) or fresh (a new interpreter).",
+        register(
+            &metrics.registry,
+            IntGaugeVec::new(
+                Opts::new("astro_agent_build_info", "Build of this agent; always 1."),
+                &["version"],
             ),
-            &["mode"],
         )
-        .unwrap();
-        let tasks_finished = IntCounterVec::new(
-            Opts::new(
-                "astro_agent_tasks_finished_total",
-                "Jobs finished, by result (success, failed, killed, start_failed).",
-            ),
-            &["result"],
-        )
-        .unwrap();
-        let task_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "astro_agent_task_duration_seconds",
-                "Wall time of task processes, by result.",
-            )
-            .buckets(vec![
-                1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0,
-            ]),
-            &["result"],
-        )
-        .unwrap();
-        let edge_request_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "astro_agent_edge_api_request_duration_seconds",
-                "Duration of Edge Worker API calls, by call.",
-            )
-            .buckets(vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0,
-            ]),
-            &["call"],
-        )
-        .unwrap();
-        let edge_request_failures = IntCounterVec::new(
-            Opts::new(
-                "astro_agent_edge_api_request_failures_total",
-                "Failed Edge Worker API calls, by call.",
-            ),
-            &["call"],
-        )
-        .unwrap();
-        let heartbeat_age = Gauge::new(
-            "astro_agent_heartbeat_age_seconds",
-            "Seconds since the last heartbeat Airflow accepted (-1 before the first).",
-        )
-        .unwrap();
-        let draining = IntGauge::new(
-            "astro_agent_draining",
-            "1 while the agent drains: it fetches no new jobs and waits for running ones.",
-        )
-        .unwrap();
-        let task_reports_pending = IntGauge::new(
-            "astro_agent_task_reports_pending",
-            "Final job states not yet delivered to Airflow.",
-        )
-        .unwrap();
-        let build_info = IntGaugeVec::new(
-            Opts::new("astro_agent_build_info", "Build of this agent; always 1."),
-            &["version"],
-        )
-        .unwrap();
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-
-        for collector in [
-            Box::new(queue_stats.clone()) as Box<dyn Collector>,
-            Box::new(queue_stats_refresh_failures.clone()),
-            Box::new(slot_gauges),
-            Box::new(tasks_started.clone()),
-            Box::new(task_launches.clone()),
-            Box::new(tasks_finished.clone()),
-            Box::new(task_duration.clone()),
-            Box::new(edge_request_duration.clone()),
-            Box::new(edge_request_failures.clone()),
-            Box::new(heartbeat_age.clone()),
-            Box::new(draining.clone()),
-            Box::new(task_reports_pending.clone()),
-            Box::new(build_info),
-        ] {
-            registry
-                .register(collector)
-                .expect("metric names are unique");
-        }
-        heartbeat_age.set(-1.0);
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+        metrics.heartbeat_age.set(-1.0);
         // Every result exists from the start at 0, so that an alert on the first kill (often
         // just before the pod exits) sees an increase rather than a brand-new series.
         for result in [
@@ -182,26 +192,12 @@ impl Metrics {
             TaskResult::Killed,
             TaskResult::StartFailed,
         ] {
-            tasks_finished.with_label_values(&[result.label()]);
+            metrics.tasks_finished.with_label_values(&[result.label()]);
         }
         for mode in ["prefork", "fresh"] {
-            task_launches.with_label_values(&[mode]);
+            metrics.task_launches.with_label_values(&[mode]);
         }
-        Metrics {
-            registry,
-            queue_stats,
-            queue_stats_refresh_failures,
-            tasks_started,
-            task_launches,
-            tasks_finished,
-            task_duration,
-            edge_request_duration,
-            edge_request_failures,
-            heartbeat_age,
-            draining,
-            task_reports_pending,
-            last_heartbeat: Mutex::new(None),
-        }
+        metrics
     }
 
     pub fn heartbeat_accepted(&self) {
@@ -230,6 +226,30 @@ impl Metrics {
     }
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Feeds Edge API call outcomes into the request metrics.
+pub struct EdgeCallMetrics(pub std::sync::Arc<Metrics>);
+
+impl CallObserver for EdgeCallMetrics {
+    fn observe(&self, call: &'static str, elapsed: Duration, ok: bool) {
+        self.0
+            .edge_request_duration
+            .with_label_values(&[call])
+            .observe(elapsed.as_secs_f64());
+        if !ok {
+            self.0
+                .edge_request_failures
+                .with_label_values(&[call])
+                .inc();
+        }
+    }
+}
+
 /// The slot gauges, read from the slots at each scrape rather than kept up to date beside them.
 struct SlotGauges {
     slots: Slots,
@@ -252,24 +272,6 @@ impl Collector for SlotGauges {
             .into_iter()
             .flat_map(|gauge| gauge.collect())
             .collect()
-    }
-}
-
-/// Feeds Edge API call outcomes into the request metrics.
-pub struct EdgeCallMetrics(pub std::sync::Arc<Metrics>);
-
-impl CallObserver for EdgeCallMetrics {
-    fn observe(&self, call: &'static str, elapsed: Duration, ok: bool) {
-        self.0
-            .edge_request_duration
-            .with_label_values(&[call])
-            .observe(elapsed.as_secs_f64());
-        if !ok {
-            self.0
-                .edge_request_failures
-                .with_label_values(&[call])
-                .inc();
-        }
     }
 }
 

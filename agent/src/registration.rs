@@ -1,8 +1,9 @@
 //! Registering the worker with Airflow before any job is fetched.
 
 use crate::context::Context;
-use airflow::backoff::Backoff;
+use airflow::backoff::{retry, Backoff};
 use airflow::edge_types::WorkerState;
+use std::time::Duration;
 
 pub enum Registered {
     Yes,
@@ -13,8 +14,7 @@ pub enum Registered {
 /// Registers, retrying until Airflow accepts. Only a version mismatch is fatal: retrying
 /// cannot fix it and Airflow would refuse every call.
 pub async fn register(ctx: &Context) -> anyhow::Result<Registered> {
-    let mut backoff = Backoff::for_airflow();
-    loop {
+    let registered = retry(Backoff::for_airflow(), ctx.drain.cancelled(), || async move {
         let body = ctx.status.body(
             WorkerState::Starting,
             0,
@@ -28,14 +28,16 @@ pub async fn register(ctx: &Context) -> anyhow::Result<Registered> {
                 }
                 tracing::info!(worker = %ctx.config.worker_name, queues = ?ctx.status.queues(),
                     slots = ctx.slots.total(), "registered with Airflow");
-                return Ok(Registered::Yes);
+                return Ok(Ok(Registered::Yes));
             }
-            Err(e) if e.status() == Some(400) => anyhow::bail!(
-                "Airflow refused to register this worker (versions: airflow {}, edge provider {}; \
-                 set --airflow-version/--edge-provider-version or install matching packages): {e}",
-                body.sysinfo.airflow_version,
-                body.sysinfo.edge_provider_version
-            ),
+            Err(e) if e.status() == Some(400) => {
+                return Ok(Err(anyhow::anyhow!(
+                    "Airflow refused to register this worker (versions: airflow {}, edge provider {}; \
+                     set --airflow-version/--edge-provider-version or install matching packages): {e}",
+                    body.sysinfo.airflow_version,
+                    body.sysinfo.edge_provider_version
+                )))
+            }
             Err(e) if e.status() == Some(409) => format!(
                 "the name {:?} is still marked active in Airflow (a previous worker with this \
                  name stopped without reporting offline; Airflow frees it after its heartbeat \
@@ -48,11 +50,10 @@ pub async fn register(ctx: &Context) -> anyhow::Result<Registered> {
             ),
             Err(e) => e.to_string(),
         };
-        let delay = backoff.next_delay();
-        tracing::warn!(retry_in = ?delay, "registration failed: {problem}");
-        tokio::select! {
-            _ = ctx.drain.cancelled() => return Ok(Registered::Abandoned),
-            _ = tokio::time::sleep(delay) => {}
-        }
-    }
+        Err(move |delay: Duration| {
+            tracing::warn!(retry_in = ?delay, "registration failed: {problem}")
+        })
+    })
+    .await;
+    registered.unwrap_or(Ok(Registered::Abandoned))
 }

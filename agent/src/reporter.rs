@@ -4,9 +4,10 @@
 //! unreachable the report is retried with backoff, and only an answer that says the request
 //! itself is wrong (a 4xx other than 408/429) or the agent's final give-up ends the attempts.
 
-use airflow::backoff::Backoff;
+use airflow::backoff::{retry, Backoff};
 use airflow::edge_client::EdgeClient;
 use airflow::edge_types::{JobState, TaskKey};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Whether the report reached Airflow.
@@ -22,27 +23,24 @@ pub async fn deliver(
     key: &TaskKey,
     state: JobState,
     give_up: &CancellationToken,
-    mut backoff: Backoff,
+    backoff: Backoff,
 ) -> Delivery {
-    loop {
+    let delivery = retry(backoff, give_up.cancelled(), || async move {
         match edge.set_job_state(key, state).await {
-            Ok(()) => return Delivery::Delivered,
+            Ok(()) => Ok(Delivery::Delivered),
             Err(e) if !e.is_retryable() => {
                 tracing::error!(task = %key, state = state.as_str(), error = %e, "Airflow refused the job state");
-                return Delivery::Refused;
+                Ok(Delivery::Refused)
             }
-            Err(e) => {
-                let delay = backoff.next_delay();
+            Err(e) => Err(move |delay: Duration| {
                 tracing::warn!(task = %key, state = state.as_str(), error = %e,
-                    retry_in = ?delay, "could not report the job state; will retry");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = give_up.cancelled() => {
-                        tracing::error!(task = %key, state = state.as_str(), "job state not delivered before shutdown");
-                        return Delivery::GaveUp;
-                    }
-                }
-            }
+                    retry_in = ?delay, "could not report the job state; will retry")
+            }),
         }
-    }
+    })
+    .await;
+    delivery.unwrap_or_else(|| {
+        tracing::error!(task = %key, state = state.as_str(), "job state not delivered before shutdown");
+        Delivery::GaveUp
+    })
 }

@@ -4,6 +4,7 @@
 //! many workers that lost the api-server at the same moment, so they do not return in lockstep.
 
 use rand::Rng;
+use std::future::Future;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -27,6 +28,12 @@ impl Backoff {
         Self::new(Duration::from_millis(500), Duration::from_secs(30))
     }
 
+    /// The same policy with no delay longer than `limit`.
+    pub fn at_most(mut self, limit: Duration) -> Self {
+        self.cap = self.cap.min(limit);
+        self
+    }
+
     /// Upper bound of the next delay, before jitter.
     fn bound(&self) -> Duration {
         let factor = 1u32.checked_shl(self.attempt.min(20)).unwrap_or(u32::MAX);
@@ -48,6 +55,34 @@ impl Backoff {
 
     pub fn attempts(&self) -> u32 {
         self.attempt
+    }
+}
+
+/// Runs `op` until it answers `Ok`, sleeping `backoff`'s next delay after each `Err`; `None`
+/// when `stop` completes during a sleep. `op` answers `Ok` for every outcome that ends the
+/// attempts (a success, or a failure that retrying cannot fix), and `Err(say)` otherwise: `say`
+/// gets the delay before the next attempt, so that the warning can tell when that is.
+pub async fn retry<T, Say, Fut>(
+    mut backoff: Backoff,
+    stop: impl Future<Output = ()>,
+    mut op: impl FnMut() -> Fut,
+) -> Option<T>
+where
+    Say: FnOnce(Duration),
+    Fut: Future<Output = Result<T, Say>>,
+{
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let say = match op().await {
+            Ok(done) => return Some(done),
+            Err(say) => say,
+        };
+        let delay = backoff.next_delay();
+        say(delay);
+        tokio::select! {
+            _ = &mut stop => return None,
+            _ = tokio::time::sleep(delay) => {}
+        }
     }
 }
 
@@ -93,5 +128,41 @@ mod tests {
         assert_eq!(b.bound(), Duration::from_secs(30));
         b.next_delay();
         b.next_delay();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_tries_again_until_ok_and_says_each_delay() {
+        let attempts = std::cell::Cell::new(0);
+        let said = std::cell::Cell::new(0);
+        let got = retry(
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(1)),
+            std::future::pending(),
+            || {
+                attempts.set(attempts.get() + 1);
+                let n = attempts.get();
+                let said = &said;
+                async move {
+                    if n < 3 {
+                        Err(move |_: Duration| said.set(said.get() + 1))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            },
+        )
+        .await;
+        assert_eq!(got, Some(3));
+        assert_eq!(said.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_ends_when_stopped_during_a_sleep() {
+        // Stops after a minute, long after the first delays: the attempts never succeed.
+        let stop = tokio::time::sleep(Duration::from_secs(60));
+        let got: Option<()> = retry(Backoff::for_airflow(), stop, || async {
+            Err(|_: Duration| {})
+        })
+        .await;
+        assert_eq!(got, None);
     }
 }

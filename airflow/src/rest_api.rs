@@ -7,6 +7,7 @@
 
 use crate::edge_worker_list::ListedEdgeWorker;
 use crate::error::{check_status, malformed, send, ApiError, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use crate::secret_file::SecretError;
 use crate::trusted_ca::{trusting, TrustedCa};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -32,6 +33,51 @@ impl std::fmt::Debug for RestCredentials {
                     "Password {{ username: {username:?}, password: <hidden> }}"
                 )
             }
+        }
+    }
+}
+
+/// What a binary calls the credential settings, so that an error names the one to change.
+#[derive(Debug, Clone, Copy)]
+pub struct CredentialNames {
+    pub token: &'static str,
+    pub username: &'static str,
+    pub password: &'static str,
+    /// The setting that turns the REST API on, e.g. `--rest-api-url`.
+    pub needed_by: &'static str,
+}
+
+impl RestCredentials {
+    /// A token, or a username with its password: one of the two, never a mix, so that nobody
+    /// wonders which one is used. Empty values count as not given.
+    pub fn from_given(
+        token: Option<String>,
+        username: Option<String>,
+        password: Option<String>,
+        names: CredentialNames,
+    ) -> Result<Self, SecretError> {
+        let given = |v: Option<String>| v.filter(|v| !v.is_empty());
+        let err = |flag, problem: String| SecretError { flag, problem };
+        match (given(token), given(username), given(password)) {
+            (Some(token), None, None) => Ok(RestCredentials::Token(token)),
+            (None, Some(username), Some(password)) => {
+                Ok(RestCredentials::Password { username, password })
+            }
+            (Some(_), _, _) => Err(err(
+                names.token,
+                "give either a token or a username and password, not both".into(),
+            )),
+            (None, Some(_), None) => Err(err(
+                names.password,
+                format!("is required with {}", names.username),
+            )),
+            (None, None, _) => Err(err(
+                names.token,
+                format!(
+                    "{} needs {}, or {} and {}",
+                    names.needed_by, names.token, names.username, names.password
+                ),
+            )),
         }
     }
 }
@@ -307,5 +353,50 @@ impl RestApiClient {
             ),
         })?;
         Ok(answer.access_token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAMES: CredentialNames = CredentialNames {
+        token: "--token",
+        username: "--user",
+        password: "--password",
+        needed_by: "--url",
+    };
+
+    fn given(token: &str, username: &str, password: &str) -> Result<RestCredentials, SecretError> {
+        let some = |v: &str| Some(v.to_string());
+        RestCredentials::from_given(some(token), some(username), some(password), NAMES)
+    }
+
+    #[test]
+    fn a_token_or_a_username_with_its_password() {
+        assert!(matches!(given("t", "", ""), Ok(RestCredentials::Token(t)) if t == "t"));
+        assert!(matches!(
+            given("", "u", "p"),
+            Ok(RestCredentials::Password { username, password }) if username == "u" && password == "p"
+        ));
+    }
+
+    #[test]
+    fn anything_else_names_the_setting_to_change() {
+        for (token, username, password, flag) in [
+            ("t", "u", "p", "--token"),
+            ("t", "", "p", "--token"),
+            ("t", "u", "", "--token"),
+            ("", "u", "", "--password"),
+            ("", "", "p", "--token"),
+            ("", "", "", "--token"),
+        ] {
+            let e = given(token, username, password).unwrap_err();
+            assert_eq!(e.flag, flag, "{token:?} {username:?} {password:?}: {e:?}");
+        }
+        assert_eq!(
+            given("", "", "").unwrap_err().problem,
+            "--url needs --token, or --user and --password"
+        );
     }
 }

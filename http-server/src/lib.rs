@@ -20,6 +20,7 @@
 //! [`WARN_EVERY`], with the number left out: a flood must not become a flood of log lines.
 
 mod log_throttle;
+mod readiness;
 mod write_deadline;
 
 use bytes::Bytes;
@@ -30,6 +31,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use log_throttle::LogThrottle;
+pub use readiness::Readiness;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;

@@ -1,6 +1,9 @@
 //! How both binaries log, to stderr: `text` for people (colour only on a terminal, never
 //! escape codes in files and pipes) or `json`, one object per line, which is what log
-//! pipelines on Kubernetes parse. `RUST_LOG` sets the level (default `info`).
+//! pipelines on Kubernetes parse. `RUST_LOG` sets the level (default `info`). Refused flags
+//! are one line too: [`flags`].
+
+pub mod flags;
 
 use std::io::IsTerminal;
 

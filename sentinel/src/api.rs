@@ -20,11 +20,11 @@ use crate::config::WorkerConfig;
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
-use crate::readiness::Readiness;
 use crate::ui;
 use crate::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
 use bytes::Bytes;
 use http_body_util::Full;
+use http_server::Readiness;
 use hyper::header::{
     HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, IF_NONE_MATCH, RETRY_AFTER,
     WWW_AUTHENTICATE,

@@ -22,8 +22,8 @@ use crate::history::recorder::{HistoryRecorder, RecorderInputs};
 use crate::history::store::{History, HistoryData};
 use crate::metrics::Metrics;
 use crate::postgres_source::PostgresSource;
-use crate::readiness::Readiness;
 use crate::refresh_loop::RefreshLoop;
+use http_server::Readiness;
 
 use crate::settings::{KubernetesAccess, Settings, SourceSettings};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! Parsing happens in two steps so that every error is one line naming what is wrong: the file
 //! is first read into raw structs that mirror its shape, then [`validate`] turns them into a
 //! [`Config`] whose values are known to be usable. Workers are parsed one by one so that even
-//! a typo in a key can name the worker it sits in.
+//! a typo in a key can name the worker it sits in. Durations are humantime's (`2s`, `1m30s`).
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -158,9 +158,9 @@ pub const DEFAULT_MAX_REPLICAS: u32 = 10;
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawConfig {
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, with = "humantime_serde")]
     refresh_interval: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, with = "humantime_serde")]
     staleness_limit: Option<Duration>,
     source: Option<RawSource>,
     #[serde(default)]
@@ -232,8 +232,23 @@ struct RawTokenReview {
     allowed_usernames: Vec<String>,
     #[serde(default)]
     audiences: Vec<String>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, with = "humantime_serde")]
     cache_ttl: Option<Duration>,
+}
+
+/// One entry of `workers`, deserialized on its own (see the module doc).
+#[derive(Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping with the keys name, queues, syncSlots, minReplicas, maxReplicas"
+)]
+struct RawWorker {
+    name: Option<String>,
+    queues: Option<QueueList>,
+    sync_slots: Option<u32>,
+    min_replicas: Option<u32>,
+    max_replicas: Option<u32>,
 }
 
 // ---- loading ------------------------------------------------------------------------------
@@ -450,10 +465,7 @@ fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
     })
 }
 
-/// The keys a worker entry may have.
-const WORKER_FIELDS: [&str; 5] = ["name", "queues", "syncSlots", "minReplicas", "maxReplicas"];
-
-/// Parses one worker entry field by field, so that every message names the field.
+/// Checks one worker entry; every message starts with the worker it concerns.
 fn validate_worker(index: usize, value: serde_yaml::Value) -> Result<WorkerConfig, ConfigError> {
     // Name the worker in every message, even when the rest of the entry does not parse.
     let label = match value.get("name").and_then(|n| n.as_str()) {
@@ -461,51 +473,21 @@ fn validate_worker(index: usize, value: serde_yaml::Value) -> Result<WorkerConfi
         None => format!("workers[{index}]"),
     };
     let fail = |what: String| ConfigError::new(format!("{label}: {what}"));
-    let serde_yaml::Value::Mapping(map) = value else {
-        return Err(fail(format!(
-            "must be a mapping with the keys {}",
-            WORKER_FIELDS.join(", ")
-        )));
-    };
-    let mut fields: HashMap<&'static str, serde_yaml::Value> = HashMap::new();
-    for (key, value) in map {
-        let key_text = match &key {
-            serde_yaml::Value::String(k) => k.clone(),
-            other => serde_yaml::to_string(other).unwrap_or_default(),
-        };
-        let Some(known) = WORKER_FIELDS.iter().find(|f| **f == key_text) else {
-            return Err(fail(format!(
-                "unknown field `{}`, expected one of {}",
-                key_text.trim(),
-                WORKER_FIELDS.join(", ")
-            )));
-        };
-        fields.insert(known, value);
-    }
-    fn field<T: serde::de::DeserializeOwned>(
-        fields: &mut HashMap<&'static str, serde_yaml::Value>,
-        key: &'static str,
-        fail: &dyn Fn(String) -> ConfigError,
-    ) -> Result<Option<T>, ConfigError> {
-        match fields.remove(key) {
-            None | Some(serde_yaml::Value::Null) => Ok(None),
-            Some(v) => serde_yaml::from_value(v)
-                .map(Some)
-                .map_err(|e| fail(format!("{key}: {e}"))),
+    let raw: RawWorker = serde_path_to_error::deserialize(value).map_err(|e| {
+        // The path is the key of a value that does not parse, "." for the entry as a whole
+        // (an unknown key, not a mapping).
+        match e.path().to_string().as_str() {
+            "." => fail(e.inner().to_string()),
+            key => fail(format!("{key}: {}", e.inner())),
         }
-    }
-
-    let name: String =
-        field(&mut fields, "name", &fail)?.ok_or_else(|| fail("name: missing".into()))?;
+    })?;
+    let name = raw.name.ok_or_else(|| fail("name: missing".into()))?;
     if !is_object_name(&name) {
         return Err(fail(format!(
             "name: {name:?} is not a Kubernetes object name (lowercase letters, digits, '-', '.', at most 253)"
         )));
     }
-    let queues: Vec<String> = match field::<QueueList>(&mut fields, "queues", &fail)? {
-        Some(QueueList(q)) => q,
-        None => Vec::new(),
-    };
+    let queues = raw.queues.map(|QueueList(q)| q).unwrap_or_default();
     if queues.is_empty() {
         return Err(fail("queues: must list at least one queue".into()));
     }
@@ -518,14 +500,14 @@ fn validate_worker(index: usize, value: serde_yaml::Value) -> Result<WorkerConfi
             return Err(fail(format!("queues: {queue:?} is listed twice")));
         }
     }
-    let sync_slots = field(&mut fields, "syncSlots", &fail)?.unwrap_or(DEFAULT_SYNC_SLOTS);
+    let sync_slots = raw.sync_slots.unwrap_or(DEFAULT_SYNC_SLOTS);
     if sync_slots < 1 {
         return Err(fail(format!(
             "syncSlots: must be at least 1, got {sync_slots}"
         )));
     }
-    let min_replicas = field(&mut fields, "minReplicas", &fail)?.unwrap_or(DEFAULT_MIN_REPLICAS);
-    let max_replicas = field(&mut fields, "maxReplicas", &fail)?.unwrap_or(DEFAULT_MAX_REPLICAS);
+    let min_replicas = raw.min_replicas.unwrap_or(DEFAULT_MIN_REPLICAS);
+    let max_replicas = raw.max_replicas.unwrap_or(DEFAULT_MAX_REPLICAS);
     if min_replicas > max_replicas {
         return Err(fail(format!(
             "minReplicas: {min_replicas} is greater than maxReplicas {max_replicas}"
@@ -554,26 +536,6 @@ fn is_object_name(name: &str) -> bool {
 }
 
 // ---- field formats ------------------------------------------------------------------------
-
-/// A humantime duration string such as `2s`, `500ms` or `1m30s`.
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    struct V;
-    impl Visitor<'_> for V {
-        type Value = Option<Duration>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a duration such as 2s, 500ms or 1m")
-        }
-        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-            humantime::parse_duration(s.trim())
-                .map(Some)
-                .map_err(|e| E::custom(format!("invalid duration {s:?}: {e}")))
-        }
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-    }
-    d.deserialize_any(V)
-}
 
 /// A list of queue names; a comma-separated string is accepted too (the agent's `--queues`
 /// form), so a chart can pass the same value to both.
@@ -750,6 +712,8 @@ workers:
         assert!(e.contains("W_8") && e.contains("name"), "{e}");
         let e = err("  - {queues: [a]}\n");
         assert!(e.contains("workers[0]") && e.contains("name"), "{e}");
+        let e = err("  - just-a-name\n");
+        assert!(e.contains("workers[0]") && e.contains("mapping"), "{e}");
         let e = err("  - {name: w9, queues: [a], syncSlots: -1}\n");
         assert!(
             e.contains("worker \"w9\"") && e.contains("syncSlots"),

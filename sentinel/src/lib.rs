@@ -25,7 +25,6 @@ pub mod metrics;
 pub mod postgres_source;
 pub mod postgres_tls;
 pub mod postgres_url;
-pub mod readiness;
 pub mod refresh_loop;
 pub mod replica_metrics;
 pub mod settings;

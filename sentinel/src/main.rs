@@ -3,35 +3,15 @@
 
 use astro_sentinel::app::{self, StartError};
 use astro_sentinel::settings::{Flags, Settings};
-use clap::Parser;
+use logging::flags::EXIT_CONFIG;
 use std::process::ExitCode;
 
 const EXIT_RUNTIME: u8 = 1;
-const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
-    let flags = match Flags::try_parse() {
+    let flags: Flags = match logging::flags::parse() {
         Ok(flags) => flags,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            // clap's message up to its usage section, on one line.
-            let rendered = e.render().to_string();
-            let message: Vec<&str> = rendered
-                .lines()
-                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect();
-            eprintln!(
-                "astro-sentinel: {}",
-                message.join(" ").trim_start_matches("error: ")
-            );
-            return ExitCode::from(EXIT_CONFIG);
-        }
+        Err(exit) => return exit,
     };
     let settings = match Settings::from_flags(&flags) {
         Ok(settings) => settings,

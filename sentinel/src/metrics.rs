@@ -9,6 +9,7 @@ use crate::config::WorkerConfig;
 use crate::history::cluster::ClusterSource;
 use crate::replica_metrics::ReplicaGauges;
 use crate::worker_view::{worker_answer, WorkerAnswer};
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
@@ -39,87 +40,61 @@ pub struct Metrics {
     scrape: Mutex<()>,
 }
 
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(c.clone())).expect("unique metric");
-    c
+/// Registers `metric`, as its constructor returned it, and hands it back. A bad name or a
+/// name taken twice is a programming error that the first test run shows.
+fn register<M: Collector + Clone + 'static>(r: &Registry, metric: prometheus::Result<M>) -> M {
+    let metric = metric.expect("valid metric");
+    r.register(Box::new(metric.clone())).expect("unique metric");
+    metric
 }
 
-fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(g.clone())).expect("unique metric");
-    g
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(r, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+pub(crate) fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(r, IntGaugeVec::new(Opts::new(name, help), labels))
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "astro_sentinel_build_info",
-                "Always 1; the label carries the Sentinel's version.",
-            ),
+        gauge_vec(
+            &r,
+            "astro_sentinel_build_info",
+            "Always 1; the label carries the Sentinel's version.",
             &["version"],
         )
-        .expect("valid metric");
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        r.register(Box::new(build_info)).expect("unique metric");
-
-        let ready = IntGauge::new(
-            "astro_sentinel_ready",
-            "1 once the first refresh has read at least one queue.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(ready.clone())).expect("unique metric");
-
-        let refreshes = IntCounter::new(
-            "astro_sentinel_refreshes_total",
-            "Refresh cycles run (each reads every configured queue once).",
-        )
-        .expect("valid metric");
-        r.register(Box::new(refreshes.clone()))
-            .expect("unique metric");
-
-        let refresh_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "astro_sentinel_refresh_duration_seconds",
-                "Time one refresh cycle took to read all queues from the source.",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ]),
-        )
-        .expect("valid metric");
-        r.register(Box::new(refresh_duration.clone()))
-            .expect("unique metric");
-
-        let queue_data_age = GaugeVec::new(
-            Opts::new(
-                "astro_sentinel_queue_data_age_seconds",
-                "Age of the last value read for the queue (absent until the first read).",
-            ),
-            &["queue"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(queue_data_age.clone()))
-            .expect("unique metric");
-
-        let worker_oldest_queued_age = GaugeVec::new(
-            Opts::new(
-                "astro_sentinel_worker_oldest_queued_age_seconds",
-                "How long the longest-waiting queued task instance over the worker's queues has been queued; 0 when none is (absent when not fresh).",
-            ),
-            &["worker"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(worker_oldest_queued_age.clone()))
-            .expect("unique metric");
-
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
         Metrics {
-            refreshes,
-            refresh_duration,
+            ready: register(
+                &r,
+                IntGauge::new(
+                    "astro_sentinel_ready",
+                    "1 once the first refresh has read at least one queue.",
+                ),
+            ),
+            refreshes: register(
+                &r,
+                IntCounter::new(
+                    "astro_sentinel_refreshes_total",
+                    "Refresh cycles run (each reads every configured queue once).",
+                ),
+            ),
+            refresh_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "astro_sentinel_refresh_duration_seconds",
+                        "Time one refresh cycle took to read all queues from the source.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                        10.0, 30.0,
+                    ]),
+                ),
+            ),
             queue_refresh_failures: counter_vec(
                 &r,
                 "astro_sentinel_queue_refresh_failures_total",
@@ -156,7 +131,6 @@ impl Metrics {
                 "Worker pods whose pod-deletion-cost annotation was set to their running task slots, by outcome.",
                 &["outcome"],
             ),
-            ready,
             queue_task_instances: gauge_vec(
                 &r,
                 "astro_sentinel_queue_task_instances",
@@ -169,14 +143,32 @@ impl Metrics {
                 "Task slots (sum of pool_slots) of the task instances on the queue in the state, as last read.",
                 &["queue", "state"],
             ),
-            queue_data_age,
+            queue_data_age: register(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "astro_sentinel_queue_data_age_seconds",
+                        "Age of the last value read for the queue (absent until the first read).",
+                    ),
+                    &["queue"],
+                ),
+            ),
             worker_backlog: gauge_vec(
                 &r,
                 "astro_sentinel_worker_backlog",
                 "Task slots (sum of pool_slots) of the queued plus running task instances over the worker's queues, the value KEDA reads (absent when not fresh).",
                 &["worker"],
             ),
-            worker_oldest_queued_age,
+            worker_oldest_queued_age: register(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "astro_sentinel_worker_oldest_queued_age_seconds",
+                        "How long the longest-waiting queued task instance over the worker's queues has been queued; 0 when none is (absent when not fresh).",
+                    ),
+                    &["worker"],
+                ),
+            ),
             worker_desired_replicas: gauge_vec(
                 &r,
                 "astro_sentinel_worker_desired_replicas",

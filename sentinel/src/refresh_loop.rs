@@ -10,8 +10,8 @@ use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
 use crate::history::recorder::HistoryRecorder;
 use crate::metrics::Metrics;
-use crate::readiness::Readiness;
 use airflow::backoff::Backoff;
+use http_server::Readiness;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -22,6 +22,9 @@ pub struct RefreshLoop {
     pub queues: Vec<String>,
     pub cache: Arc<BacklogCache>,
     pub metrics: Arc<Metrics>,
+    /// Set once the first refresh has read at least one queue, and never cleared: a Sentinel
+    /// whose data went stale stays in the Service so that KEDA hears an explicit 503 from it
+    /// rather than a connection error.
     pub readiness: Readiness,
     pub interval: Duration,
     pub staleness_limit: Duration,

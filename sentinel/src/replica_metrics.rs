@@ -16,7 +16,8 @@
 
 use crate::config::WorkerConfig;
 use crate::history::cluster::ClusterSource;
-use prometheus::{IntGaugeVec, Opts, Registry};
+use crate::metrics::gauge_vec;
+use prometheus::{IntGaugeVec, Registry};
 use std::sync::{Arc, OnceLock};
 
 pub struct ReplicaGauges {
@@ -28,34 +29,28 @@ pub struct ReplicaGauges {
     cluster: OnceLock<Arc<dyn ClusterSource>>,
 }
 
-fn register(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(g.clone())).expect("unique metric");
-    g
-}
-
 impl ReplicaGauges {
     pub fn register(r: &Registry) -> Self {
         ReplicaGauges {
-            replicas: register(
+            replicas: gauge_vec(
                 r,
                 "astro_sentinel_worker_replicas",
                 "Replicas the autoscaler set on the worker Deployment (spec.replicas; absent while the cluster view is unknown).",
                 &["worker"],
             ),
-            pods: register(
+            pods: gauge_vec(
                 r,
                 "astro_sentinel_worker_pods",
                 "Pods of the worker Deployment by state: running (Ready), waiting (unschedulable: no node has room), terminating (draining); starting pods are in none (absent while the cluster view is unknown).",
                 &["worker", "state"],
             ),
-            min_replicas: register(
+            min_replicas: gauge_vec(
                 r,
                 "astro_sentinel_worker_min_replicas",
                 "The worker's minReplicas as configured in the Sentinel.",
                 &["worker"],
             ),
-            max_replicas: register(
+            max_replicas: gauge_vec(
                 r,
                 "astro_sentinel_worker_max_replicas",
                 "The worker's maxReplicas as configured in the Sentinel.",

@@ -8,7 +8,7 @@
 use crate::config::{Config, ConfigError, PostgresCa, PostgresOptions, SourceConfig};
 use crate::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
 use crate::postgres_url;
-use airflow::rest_api::RestCredentials;
+use airflow::rest_api::{CredentialNames, RestCredentials};
 use airflow::secret_file::{value_or_file, SecretError};
 use airflow::trusted_ca::TrustedCa;
 use clap::Parser;
@@ -233,7 +233,11 @@ fn credential(
         file.as_deref(),
         file_flag,
     )
-    .map_err(|SecretError { flag, problem }| ConfigError::new(format!("{flag}: {problem}")))
+    .map_err(secret_error)
+}
+
+fn secret_error(SecretError { flag, problem }: SecretError) -> ConfigError {
+    ConfigError::new(format!("{flag}: {problem}"))
 }
 
 fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSettings, ConfigError> {
@@ -245,36 +249,24 @@ fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSetting
                 &flags.airflow_token_file,
                 "--airflow-token-file",
             )?;
-            let username = non_empty(&flags.airflow_username);
             let password = credential(
                 &flags.airflow_password,
                 "ASTRO_SENTINEL_AIRFLOW_PASSWORD",
                 &flags.airflow_password_file,
                 "--airflow-password-file",
             )?;
-            let credentials = match (token, username, password) {
-                (Some(_), Some(_), _) => {
-                    return Err(ConfigError::new(
-                        "ASTRO_SENTINEL_AIRFLOW_TOKEN: give either a token or a username and password, not both",
-                    ))
-                }
-                (Some(t), None, _) => RestCredentials::Token(t),
-                (None, Some(u), Some(p)) => RestCredentials::Password {
-                    username: u.to_string(),
-                    password: p,
+            let credentials = RestCredentials::from_given(
+                token,
+                flags.airflow_username.clone(),
+                password,
+                CredentialNames {
+                    token: "ASTRO_SENTINEL_AIRFLOW_TOKEN",
+                    username: "ASTRO_SENTINEL_AIRFLOW_USERNAME",
+                    password: "ASTRO_SENTINEL_AIRFLOW_PASSWORD",
+                    needed_by: "source airflow-api",
                 },
-                (None, Some(_), None) => {
-                    return Err(ConfigError::new(
-                        "ASTRO_SENTINEL_AIRFLOW_PASSWORD: required with ASTRO_SENTINEL_AIRFLOW_USERNAME",
-                    ))
-                }
-                (None, None, _) => {
-                    return Err(ConfigError::new(
-                        "ASTRO_SENTINEL_AIRFLOW_TOKEN: source airflow-api needs ASTRO_SENTINEL_AIRFLOW_TOKEN \
-                         or ASTRO_SENTINEL_AIRFLOW_USERNAME and ASTRO_SENTINEL_AIRFLOW_PASSWORD",
-                    ))
-                }
-            };
+            )
+            .map_err(secret_error)?;
             let ca = match &flags.ca_file {
                 Some(path) => Some(
                     TrustedCa::from_pem_file(path)

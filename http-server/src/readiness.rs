@@ -1,9 +1,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Whether `/readyz` answers 200: set once the first refresh has read at least one queue, and
-/// never cleared — a Sentinel whose data went stale stays in the Service so that KEDA hears
-/// an explicit 503 from it rather than a connection error.
+/// Whether `/readyz` answers 200. Each binary says when it is ready where it sets this.
 #[derive(Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
 
