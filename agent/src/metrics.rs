@@ -63,10 +63,16 @@ impl Metrics {
         let r = Registry::new();
         r.register(Box::new(SlotGauges {
             slots,
-            total: IntGauge::new("astro_agent_slots", "Task slots of this worker (syncSlots).")
-                .expect("valid metric"),
-            in_use: IntGauge::new("astro_agent_slots_in_use", "Task slots held by running jobs.")
-                .expect("valid metric"),
+            total: IntGauge::new(
+                "astro_agent_slots",
+                "Task slots of this worker (syncSlots).",
+            )
+            .expect("valid metric"),
+            in_use: IntGauge::new(
+                "astro_agent_slots_in_use",
+                "Task slots held by running jobs.",
+            )
+            .expect("valid metric"),
         }))
         .expect("unique metric");
         let metrics = Metrics {
