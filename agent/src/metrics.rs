@@ -232,12 +232,6 @@ impl Metrics {
     }
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// Feeds Edge API call outcomes into the request metrics.
 pub struct EdgeCallMetrics(pub std::sync::Arc<Metrics>);
 
