@@ -7,7 +7,7 @@ sends it forks a process that runs the task exactly as
 the supervisor notices the end of its task without waiting for its next heartbeat (see
 ``_wake_selects_on_child_exit``).
 
-Usage: ``python astro_launcher.py [SPARES]`` (default 1).
+Usage: ``python astro_launcher.py [SPARES]`` (the most spares it keeps; default 1).
 
 Protocol (stdin/stdout of this process): each message is a 4-byte big-endian length followed by
 that many bytes of JSON.
@@ -21,31 +21,76 @@ that many bytes of JSON.
 Each task process is made by a double fork, so that it is not this launcher's child: it is
 re-parented to the agent (a child subreaper), which waits for it and learns its exit status even
 if this launcher dies. The launcher makes them ahead of time, while it has nothing else to do:
-up to SPARES processes wait, each on its own pipe, for a job, so that starting a task costs no
-fork while the machine is busiest (when tasks end and the next ones start). A spare whose pipe
-closes (the launcher is gone) exits; the agent waits for it like for a task, which is why each
-is announced. Before running, the task claims the job: it writes its pid to a file of its own
-and links that to ``claim``, which fails if ``claim`` exists, so the agent never reads a claim
-without its pid. If the agent has already claimed the job (because the launcher stopped
-answering and the agent started the task another way), the task exits without running, so no
-job runs twice.
+processes wait, each on its own pipe, for a job, so that starting a task costs no fork while the
+machine is busiest (when tasks end and the next ones start). How many follows demand
+(``SpareDemand``): as many as the largest burst of starts in the last few minutes, at most
+SPARES, and none on an idle worker, whose memory they would only take. A spare whose pipe
+closes (the launcher is gone, or it is no longer wanted) exits; the agent waits for it like for
+a task, which is why each is announced. Before running, the task claims the job: it writes its
+pid to a file of its own and links that to ``claim``, which fails if ``claim`` exists, so the
+agent never reads a claim without its pid. If the agent has already claimed the job (because
+the launcher stopped answering and the agent started the task another way), the task exits
+without running, so no job runs twice.
 """
 
+import collections
 import importlib
 import json
 import os
 import select
 import selectors
 import signal
+import socket
 import struct
 import sys
 import time
 import traceback
 
+#: The name under which the launcher's tasks can import this file (it runs as ``__main__``).
+LAUNCHER_MODULE = "astro_launcher"
 #: How often an empty selector looks for an exited child (see _wake_selects_on_child_exit).
 CHILD_EXIT_POLL = 0.005
-#: How long no request must arrive before the launcher makes spares.
+#: How long no request must arrive before the launcher makes spares; also the gap that ends a
+#: burst of starts.
 SPARE_AFTER_QUIET = 1.0
+#: How long a burst of starts keeps its spares wanted. Tasks of a DAG run start in waves a few
+#: seconds to minutes apart; a worker idle for longer than this holds no spares.
+DEMAND_WINDOW = 180.0
+
+
+class SpareDemand:
+    """How many spares are worth keeping: the size of the largest burst of starts (requests
+    closer than ``SPARE_AFTER_QUIET`` to each other) that ended within ``DEMAND_WINDOW``, at most
+    ``most``. None before the first start: a worker that never ran a task keeps none."""
+
+    def __init__(self, most, clock=time.monotonic):
+        self.most = most
+        self._clock = clock
+        self._bursts = collections.deque()  # [last start, size], oldest first
+
+    def started(self):
+        now = self._clock()
+        if self._bursts and now - self._bursts[-1][0] < SPARE_AFTER_QUIET:
+            self._bursts[-1][0] = now
+            self._bursts[-1][1] += 1
+        else:
+            self._bursts.append([now, 1])
+
+    def wanted(self):
+        self._forget_old()
+        return min(self.most, max((size for _, size in self._bursts), default=0))
+
+    def seconds_to_next_change(self):
+        """When ``wanted`` may drop next (the oldest burst leaves the window); None if never."""
+        self._forget_old()
+        if not self._bursts:
+            return None
+        return max(0.0, self._bursts[0][0] + DEMAND_WINDOW - self._clock())
+
+    def _forget_old(self):
+        horizon = self._clock() - DEMAND_WINDOW
+        while self._bursts and self._bursts[0][0] <= horizon:
+            self._bursts.popleft()
 
 
 #: Write ends of the spares' job pipes. Only the launcher may hold them: a spare must see its
@@ -126,6 +171,28 @@ def _wake_selects_on_child_exit():
     os.register_at_fork(after_in_child=lambda: setattr(selector_class, "select", original))
 
 
+#: Airflow's setting for the function that names the host a task ran on.
+HOSTNAME_CALLABLE = "AIRFLOW__CORE__HOSTNAME_CALLABLE"
+#: The process that becomes the task's supervisor (set in each task process of the launcher).
+_supervisor_pid = None
+#: What the agent set as the hostname callable (the edge provider's), for processes that are
+#: not forked from the launcher.
+_importable_hostname_callable = None
+
+
+def task_hostname():
+    """Airflow's hostname callable in the launcher's tasks: the worker's name (HOSTNAME), as the
+    edge provider's ``_edge_hostname`` answers, without importing that module — 16 MiB of
+    aiohttp, psutil and the edge client in the launcher, and so in every process forked from it.
+
+    The task process (a fork of the supervisor) hands its own children the edge provider's
+    callable again: they are fresh interpreters, where this launcher is not importable.
+    """
+    if os.getpid() != _supervisor_pid and _importable_hostname_callable:
+        os.environ[HOSTNAME_CALLABLE] = _importable_hostname_callable
+    return os.environ.get("HOSTNAME") or socket.getfqdn()
+
+
 def _run_task(request):
     """In the task process: become a process group, claim the job, run the supervisor."""
     code = 1
@@ -146,6 +213,10 @@ def _run_task(request):
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         sys.argv = ["execute_workload", "--json-path", request["workload"]]
+        global _supervisor_pid, _importable_hostname_callable
+        _supervisor_pid = os.getpid()
+        _importable_hostname_callable = os.environ.get(HOSTNAME_CALLABLE)
+        os.environ[HOSTNAME_CALLABLE] = f"{LAUNCHER_MODULE}.task_hostname"
         _wake_selects_on_child_exit()
         from airflow.sdk.execution_time import execute_workload
 
@@ -262,8 +333,15 @@ def _hand_to_spare(spares, request):
 
 
 def _quiet_for(fd, seconds):
-    """Whether nothing arrives on ``fd`` for ``seconds``."""
+    """Whether nothing arrives on ``fd`` for ``seconds`` (None: until something does)."""
     return not select.select([fd], [], [], seconds)[0]
+
+
+def _retire_spare(spares):
+    """Lets the newest spare go: its pipe closes, so it exits (and the agent reaps it)."""
+    _, hand = spares.pop()
+    _spare_pipes.remove(hand)
+    os.close(hand)
 
 
 def _warm_up():
@@ -273,8 +351,6 @@ def _warm_up():
     task that step's time, as in a fresh interpreter.
     """
     steps = (
-        # The hostname callable the agent sets (the edge provider's worker module).
-        lambda: importlib.import_module("airflow.providers.edge3.cli.worker"),
         # The DAG bag, which parses the task's DAG file.
         lambda: importlib.import_module("airflow.dag_processing.dagbag"),
         # What DAG files take from the SDK; its names are loaded lazily on first use (~40 ms).
@@ -304,6 +380,8 @@ def main():
     # Keep stray prints of imported modules out of the protocol stream.
     sys.stdout = sys.stderr
     os.register_at_fork(after_in_child=_close_spare_pipes)
+    # Tasks name this module in their hostname callable (see task_hostname).
+    sys.modules[LAUNCHER_MODULE] = sys.modules[__name__]
 
     # What execute_workload imports on its way to the supervisor, loaded once here.
     import pydantic  # noqa: F401
@@ -316,11 +394,14 @@ def main():
 
     _write_message(replies, {"type": "ready"})
     spares = []
+    demand = SpareDemand(spare_count)
     while True:
+        while len(spares) > demand.wanted():
+            _retire_spare(spares)
         # Make spares once requests have stopped coming for a moment: tasks start in bursts
         # (several end at once and their slots refill), and a fork then would take CPU from the
         # tasks starting; a request never waits for a fork it does not need.
-        while len(spares) < spare_count and _quiet_for(requests, SPARE_AFTER_QUIET):
+        while len(spares) < demand.wanted() and _quiet_for(requests, SPARE_AFTER_QUIET):
             try:
                 pid, hand = _make_spare()
             except OSError as e:
@@ -329,9 +410,13 @@ def main():
             spares.append((pid, hand))
             _spare_pipes.append(hand)
             _write_message(replies, {"type": "spare", "pid": pid})
+        # Wake up when demand lapses, to let go of the spares no longer wanted.
+        if spares and _quiet_for(requests, demand.seconds_to_next_change()):
+            continue
         request = _read_message(requests)
         if request is None:
             return
+        demand.started()
         try:
             pid = _hand_to_spare(spares, request)
             if pid is None:

@@ -28,8 +28,6 @@ use tokio_util::task::TaskTracker;
 /// After tasks were stopped, how long their last logs and states may take to reach Airflow
 /// before the agent exits regardless.
 const REPORT_GRACE: Duration = Duration::from_secs(30);
-/// How long start-up waits for the pre-forked launcher before registering without it.
-const LAUNCHER_WAIT: Duration = Duration::from_secs(30);
 
 /// `task_env` is the environment task processes inherit (see [`crate::task_env`]).
 pub async fn run(
@@ -75,21 +73,12 @@ pub async fn run(
         task_env.into_iter(),
     )
     .context("creating the private work directory for workload files")?;
+    // The launcher imports Airflow (seconds) while the worker registers and fetches: a job that
+    // arrives before it is ready waits for it (see `PreforkLauncher::launch`).
     let stop_launcher = CancellationToken::new();
-    let prefork = spawner.prefork_launcher();
-    let launcher = prefork
-        .clone()
+    let launcher = spawner
+        .prefork_launcher()
         .map(|launcher| tokio::spawn(launcher.supervise(stop_launcher.clone())));
-    if let Some(prefork) = prefork {
-        // The first jobs start fast only if the launcher is up; a slow one does not hold the
-        // worker back for long (tasks start in fresh interpreters until it is ready).
-        if tokio::time::timeout(LAUNCHER_WAIT, prefork.wait_first_start())
-            .await
-            .is_err()
-        {
-            tracing::warn!("task launcher not ready after {LAUNCHER_WAIT:?}; registering anyway");
-        }
-    }
     let ctx = Arc::new(Context {
         slots,
         status: WorkerStatus::new(

@@ -35,6 +35,10 @@ const SCRIPT: &str = include_str!("../python/astro_launcher.py");
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// A fork takes milliseconds; a launcher this slow to answer is hung.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a task that arrives while the first launcher is still starting waits for it. The
+/// launcher has a head start on a fresh interpreter, which would import Airflow all over again
+/// and take CPU from it; one that takes longer than this is not coming soon.
+const FIRST_START_WAIT: Duration = Duration::from_secs(30);
 /// A launcher that lived this long is considered healthy again (its restart backoff resets).
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// Spares beyond this many would start at once only on a very wide worker, and each holds a
@@ -201,7 +205,7 @@ impl PreforkLauncher {
     }
 
     /// Waits until the first launcher is ready or has failed to start.
-    pub async fn wait_first_start(&self) {
+    async fn wait_first_start(&self) {
         let mut rx = self.first_start_over.subscribe();
         let _ = rx.wait_for(|over| *over).await;
     }
@@ -209,6 +213,13 @@ impl PreforkLauncher {
     /// Asks the launcher to start a task; its pid, or why not. Any failure other than the
     /// launcher's own "could not fork" answer leaves the launcher killed, to be restarted.
     pub async fn launch(&self, request: &LaunchRequest<'_>) -> Result<i32, LaunchError> {
+        if !*self.first_start_over.borrow()
+            && tokio::time::timeout(FIRST_START_WAIT, self.wait_first_start())
+                .await
+                .is_err()
+        {
+            tracing::warn!("task launcher not ready after {FIRST_START_WAIT:?}");
+        }
         let mut ready = self.ready.lock().await;
         let launcher = ready.as_mut().ok_or(LaunchError::NotReady)?;
         let exchange = async {
@@ -296,7 +307,11 @@ pub(crate) mod tests {
     // ---- tasks through the real launcher script, with a fake `airflow` package ----
 
     const FAKE_EXECUTE_WORKLOAD: &str = r#"
-import argparse, json, os, sys, time
+import argparse, importlib, json, os, sys, time
+def hostname():
+    # What Airflow's get_hostname does: import the configured callable and call it.
+    module, name = os.environ["AIRFLOW__CORE__HOSTNAME_CALLABLE"].rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)()
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json-path")
@@ -304,7 +319,19 @@ def main():
     w = json.load(open(args.json_path))
     record = {"pid": os.getpid(), "pgid": os.getpgid(0),
               "main": os.path.basename(getattr(sys.modules["__main__"], "__file__", "")),
-              "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET")}
+              "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET"),
+              "hostname": hostname()}
+    # The task process, forked by the supervisor: it names its host too, then starts user code,
+    # whose own subprocesses see the callable it leaves in the environment.
+    task = os.fork()
+    if task == 0:
+        with open(w["record"] + ".task", "w") as f:
+            json.dump({"hostname": hostname(),
+                       "callable_for_children": os.environ["AIRFLOW__CORE__HOSTNAME_CALLABLE"]}, f)
+        os._exit(0)
+    os.waitpid(task, 0)
+    record["task"] = json.load(open(w["record"] + ".task"))
+    record["edge_module_loaded"] = "airflow.providers.edge3.cli.worker" in sys.modules
     if w.get("leave_child"):
         # What `sleep 1 &` in a BashOperator leaves: a child nobody waits for.
         import subprocess
@@ -353,6 +380,13 @@ if __name__ == "__main__":
             ("airflow/sdk/__init__.py", ""),
             ("airflow/sdk/execution_time/__init__.py", ""),
             ("airflow/sdk/execution_time/supervisor.py", ""),
+            ("airflow/providers/__init__.py", ""),
+            ("airflow/providers/edge3/__init__.py", ""),
+            ("airflow/providers/edge3/cli/__init__.py", ""),
+            (
+                "airflow/providers/edge3/cli/worker.py",
+                "import os\ndef _edge_hostname():\n    return os.environ.get(\"HOSTNAME\", \"fqdn\")\n",
+            ),
             (
                 "airflow/sdk/execution_time/execute_workload.py",
                 FAKE_EXECUTE_WORKLOAD,
@@ -490,6 +524,15 @@ if __name__ == "__main__":
             "no JWT secret in the launcher's env"
         );
         assert!(p.output_tail(1024).contains("fake supervisor running"));
+        // The worker's name as the host, without the edge provider's module in the supervisor;
+        // the task's own subprocesses get that module's callable, which they can import.
+        assert_eq!(rec["hostname"], "worker-7", "{rec}");
+        assert_eq!(rec["edge_module_loaded"], false, "{rec}");
+        assert_eq!(rec["task"]["hostname"], "worker-7", "{rec}");
+        assert_eq!(
+            rec["task"]["callable_for_children"],
+            "airflow.providers.edge3.cli.worker._edge_hostname"
+        );
         let (_, status) = pf.run("fails", 0.0, 3).await;
         assert_eq!(status.code(), Some(3));
     }
@@ -574,8 +617,18 @@ if __name__ == "__main__":
         let launcher = pf.spawner.prefork_launcher().unwrap();
         let launcher_pid = ready(&launcher).await;
         let agent = std::process::id() as i32;
-        // settings(): 2 slots, so 2 spares, each re-parented to the agent once the intermediate
-        // process that forked it has exited.
+        // No spare before demand. Absence has no event to wait for: give the launcher its quiet
+        // second (and some) in which it used to make spares unasked.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            forked_by(launcher_pid),
+            vec![],
+            "no spare on a worker that ran nothing"
+        );
+        // Two tasks started at once want two spares (settings(): 2 slots), each re-parented to
+        // the agent once the intermediate process that forked it has exited.
+        let (first, second) = tokio::join!(pf.run("a", 0.0, 0), pf.run("b", 0.0, 0));
+        assert!(first.1.success() && second.1.success());
         let mut forked = Vec::new();
         for _ in 0..500 {
             forked = forked_by(launcher_pid);
