@@ -50,6 +50,10 @@ REPO = Path(__file__).resolve().parents[2]
 QUEUE = "bench"
 DAG_16 = "bench_16x60"
 DAG_32 = "bench_32x3"
+DAG_1 = "bench_1x1"
+#: How long the agent's launcher keeps spares after the last burst of starts (DEMAND_WINDOW in
+#: agent/python/astro_launcher.py), and some: the wait before "PSS idle after work".
+SPARES_LET_GO_S = 190.0
 TASK_SECONDS_32 = 3.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Worker kinds: the agent as deployed (default launch mode), the Python worker, and - on
@@ -203,6 +207,20 @@ WORKER_EVENTS = (
     ("ended", "task process ended", "Job completed:"),
     ("ended", "task process ended", "Job failed:"),
 )
+
+
+def api_requests(log_file: Path, offset: int, worker_name: str) -> int:
+    """Requests in the api-server's access log after byte ``offset`` whose path names
+    ``worker_name`` (the Edge API's fetch and heartbeat calls do)."""
+    pattern = re.compile(rf'"[A-Z]+ [^" ]*/{re.escape(worker_name)}[/?" ]')
+    with open(log_file, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    return sum(1 for line in text.splitlines() if pattern.search(line))
+
+
+def file_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def worker_events(log_file: Path, dag_id: str, run_id: str) -> dict[str, dict[str, datetime]]:
@@ -383,7 +401,8 @@ class Bench:
         say(f"starting {LABELS[kind]} {name} with {slots} slots")
         t = time.monotonic()
         worker.start()
-        say(f"{name} registered and idle after {time.monotonic() - t:.1f}s (pid {worker.pid})")
+        worker.start_to_idle_s = time.monotonic() - t
+        say(f"{name} registered and idle after {worker.start_to_idle_s:.1f}s (pid {worker.pid})")
         return worker
 
     def stop_worker(self, worker: Worker) -> None:
@@ -405,6 +424,8 @@ class Bench:
         tree_pss: list[int] = []
         t0, ticks0, ns0 = time.monotonic(), cpu_ticks(pid), runtime_ns(pid)
         helper_ticks0 = {p: _try(cpu_ticks, p) for p in helpers}
+        api_log = self.stack.daemon("api-server").log_file
+        api_offset = file_size(api_log)
         next_sample = t0
         while True:
             worker.impl.daemon.check_alive()
@@ -422,7 +443,9 @@ class Bench:
             (_try(cpu_ticks, p) or 0) - (t or 0) for p, t in helper_ticks0.items() if t is not None
         )
         elapsed = t1 - t0
+        requests = api_requests(api_log, api_offset, worker.name)
         result = {
+            "api_requests_per_min": 60.0 * requests / elapsed,
             "helpers": [{"pid": p, "cmd": c} for p, c in helper_cmds.items()],
             "tree_pss_mib_max": mib(max(tree_pss)),
             "tree_cpu_pct": 100.0 * (ticks1 - ticks0 + helper_ticks) / CLK_TCK / elapsed,
@@ -546,12 +569,53 @@ class Bench:
             "all_success": all(r["all_success"] for r in reps),
         }
 
+    def trigger_trials(self, worker: Worker) -> dict:
+        """Trigger -> first task start on the idle worker, ``trials`` times, each triggered at a
+        random point of its 5 s idle fetch cycle; then, after the launcher's demand window, the
+        worker's PSS once it has let its spares go."""
+        trials = []
+        for i in range(self.args.trials):
+            self.queue_empty()
+            time.sleep(1.0 + self.rng.uniform(0.0, 5.0))
+            run, triggered = self.trigger(DAG_1)
+            state = self.client.wait_run(DAG_1, run, timeout=300)
+            tis = self.client.task_instances(DAG_1, run)
+            rep = analyse_run(tis, triggered, worker, worker_events(worker.log_file, DAG_1, run), {})
+            trials.append({k: rep[k] for k in (
+                "trigger_to_first_start_s", "trigger_to_first_queued_s", "queued_to_first_start_s",
+                "first_received_to_start_s", "all_success")} | {"run_id": run, "run_state": state})
+        first = summary([t["trigger_to_first_start_s"] for t in trials])
+        say(f"{worker.name}: {first['n']} trials, trigger->first start mean {first['mean']:.2f}s, "
+            f"median {first['median']:.2f}s ({first['min']:.2f}-{first['max']:.2f})")
+        self.queue_empty()
+        pss = []
+        if not self.args.quick:  # three minutes of waiting
+            time.sleep(SPARES_LET_GO_S)
+            self.note_load(f"{worker.name} idle after work")
+            for _ in range(5):
+                pss.append(pss_kib(worker.pid) + sum(_try(pss_kib, p) or 0 for p in descendants(worker.pid)))
+                time.sleep(1.0)
+
+        def pooled(key):
+            return summary([t[key] for t in trials if t[key] is not None])
+
+        return {
+            "trials": trials,
+            "trigger_to_first_start_s": pooled("trigger_to_first_start_s"),
+            "trigger_to_first_queued_s": pooled("trigger_to_first_queued_s"),
+            "queued_to_first_start_s": pooled("queued_to_first_start_s"),
+            "first_received_to_start_s": pooled("first_received_to_start_s"),
+            "all_success": all(t["all_success"] for t in trials),
+            "tree_pss_mib_idle_after_work": mib(max(pss)) if pss else None,
+        }
+
     # -- one worker kind --
 
     def bench_kind(self, kind: str, out: dict) -> None:
         """Measure one worker kind; results land in ``out`` as they come (kept on failure)."""
         out["kind"] = kind
         worker = self.start_worker(kind, 16)
+        out["start_to_idle_s"] = [worker.start_to_idle_s]
         try:
             out["idle"] = self.idle(worker)
             out["busy16"] = self.running16(worker)
@@ -560,8 +624,12 @@ class Bench:
             raise
         self.stop_worker(worker)
         worker = self.start_worker(kind, 4)
+        out["start_to_idle_s"].append(worker.start_to_idle_s)
+        out["start_idle"] = summary(out["start_to_idle_s"])
         try:
             out["refill"] = self.refill(worker)
+            if self.args.trials:
+                out["trials"] = self.trigger_trials(worker)
         except BaseException:
             worker.stop(urgent=True)
             raise
@@ -721,7 +789,15 @@ def table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
             f"agent <= {TARGET_AGENT_IDLE_CPU_PCT:g} %", "cpu"),
         row("  (info) idle CPU, worker PID, schedstat ns", ("idle", "cpu_pct_schedstat"), " %", 4, "-"),
         row("  (info) idle CPU, worker PID + helper processes", ("idle", "tree_cpu_pct"), " %", 3, "-"),
-        ranged("Trigger -> first task start_date", ("refill", "trigger_to_first_start_s"), "-"),
+        ranged("Process start -> registered and idle in Airflow", ("start_idle",), "agent <= 1 s"),
+        row("  (info) api-server requests per minute, idle worker", ("idle", "api_requests_per_min"), "", 1, "-"),
+        row("  (info) PSS idle after work, worker + helpers (spares let go)",
+            ("trials", "tree_pss_mib_idle_after_work"), " MiB", 1, "-"),
+        ranged("Trigger -> first task start_date, 1-task DAG, random phase", ("trials", "trigger_to_first_start_s"),
+               "agent <= python"),
+        ranged("  of which trigger -> TI queued (scheduler)", ("trials", "trigger_to_first_queued_s")),
+        ranged("  of which TI queued -> start_date (worker)", ("trials", "queued_to_first_start_s")),
+        ranged("Trigger -> first task start_date (32-task DAG)", ("refill", "trigger_to_first_start_s"), "-"),
         ranged("  of which trigger -> TIs queued (scheduler)", ("refill", "trigger_to_first_queued_s")),
         ranged("  of which first job received -> its start_date", ("refill", "first_received_to_start_s")),
         row("Start latency, job received -> start_date, median of the first 4 (received at once)",
@@ -781,8 +857,10 @@ def parse_args(argv=None):
     ap.add_argument("--busy-seconds", type=float, help="RSS sampling once 16 tasks run (default 10, quick 3)")
     ap.add_argument("--reps", type=int, help=f"{DAG_32} runs per worker (default 3, quick 1)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the random trigger offsets")
+    ap.add_argument("--trials", type=int, help=f"{DAG_1} trigger -> first start trials per worker (default 20, quick 3; 0 skips)")
     args = ap.parse_args(argv)
-    defaults = {"idle_seconds": (60.0, 10.0), "settle": (10.0, 3.0), "busy_seconds": (10.0, 3.0), "reps": (3, 1)}
+    defaults = {"idle_seconds": (60.0, 10.0), "settle": (10.0, 3.0), "busy_seconds": (10.0, 3.0), "reps": (3, 1),
+                "trials": (20, 3)}
     for key, (full, quick) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
@@ -819,7 +897,7 @@ def main(argv=None) -> int:
         bench.stack = AirflowStack()
         bench.stack.start()
         say(f"Airflow up in {bench.stack.timings['total']:.1f}s at {bench.stack.api_base}")
-        for dag in (DAG_16, DAG_32):
+        for dag in (DAG_16, DAG_32, DAG_1):
             bench.client.ensure_runnable(dag)
         for kind in args.kinds:
             bench.bench_kind(kind, results.setdefault(kind, {}))
