@@ -209,20 +209,6 @@ WORKER_EVENTS = (
 )
 
 
-def api_requests(log_file: Path, offset: int, worker_name: str) -> int:
-    """Requests in the api-server's access log after byte ``offset`` whose path names
-    ``worker_name`` (the Edge API's fetch and heartbeat calls do)."""
-    pattern = re.compile(rf'"[A-Z]+ [^" ]*/{re.escape(worker_name)}[/?" ]')
-    with open(log_file, "rb") as f:
-        f.seek(offset)
-        text = f.read().decode(errors="replace")
-    return sum(1 for line in text.splitlines() if pattern.search(line))
-
-
-def file_size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
-
-
 def worker_events(log_file: Path, dag_id: str, run_id: str) -> dict[str, dict[str, datetime]]:
     """event -> task_id -> when the worker logged it, for the jobs of ``run_id``.
 
@@ -424,8 +410,6 @@ class Bench:
         tree_pss: list[int] = []
         t0, ticks0, ns0 = time.monotonic(), cpu_ticks(pid), runtime_ns(pid)
         helper_ticks0 = {p: _try(cpu_ticks, p) for p in helpers}
-        api_log = self.stack.daemon("api-server").log_file
-        api_offset = file_size(api_log)
         next_sample = t0
         while True:
             worker.impl.daemon.check_alive()
@@ -443,9 +427,7 @@ class Bench:
             (_try(cpu_ticks, p) or 0) - (t or 0) for p, t in helper_ticks0.items() if t is not None
         )
         elapsed = t1 - t0
-        requests = api_requests(api_log, api_offset, worker.name)
         result = {
-            "api_requests_per_min": 60.0 * requests / elapsed,
             "helpers": [{"pid": p, "cmd": c} for p, c in helper_cmds.items()],
             "tree_pss_mib_max": mib(max(tree_pss)),
             "tree_cpu_pct": 100.0 * (ticks1 - ticks0 + helper_ticks) / CLK_TCK / elapsed,
@@ -790,7 +772,6 @@ def table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
         row("  (info) idle CPU, worker PID, schedstat ns", ("idle", "cpu_pct_schedstat"), " %", 4, "-"),
         row("  (info) idle CPU, worker PID + helper processes", ("idle", "tree_cpu_pct"), " %", 3, "-"),
         ranged("Process start -> registered and idle in Airflow", ("start_idle",), "agent <= 1 s"),
-        row("  (info) api-server requests per minute, idle worker", ("idle", "api_requests_per_min"), "", 1, "-"),
         row("  (info) PSS idle after work, worker + helpers (spares let go)",
             ("trials", "tree_pss_mib_idle_after_work"), " MiB", 1, "-"),
         ranged("Trigger -> first task start_date, 1-task DAG, random phase", ("trials", "trigger_to_first_start_s"),
