@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 import secrets
 import ssl
-import time
 import urllib.request
 from pathlib import Path
 
 from harness import certs
-from harness.procs import Daemon, StartupError, free_port, wait_for
+from harness.procs import Daemon, StartupError, free_port, starting, wait_for
 
 ADDRESS = "10.200.0.1"
 API_PORT = 6443
@@ -62,19 +61,14 @@ class ControlPlane:
     def start(self, timeout: float = 120.0) -> "ControlPlane":
         """Start everything; return once the API server is ready and the controllers and the
         scheduler answer their health checks. Stops what it started on failure."""
-        t0 = time.monotonic()
-        try:
+        with starting(self) as mark:
             self._make_pki()
             self._write_kubeconfig()
             etcd_url = self._start_etcd(timeout)
             self._start_apiserver(etcd_url, timeout)
-            self.timings["apiserver"] = time.monotonic() - t0
+            mark("apiserver")
             self._start_controller_manager(timeout)
             self._start_scheduler(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.timings["total"] = time.monotonic() - t0
         return self
 
     def stop(self) -> None:

@@ -36,7 +36,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,7 +46,7 @@ from typing import Any, Iterable
 import yaml
 
 from harness import certs
-from harness.procs import Daemon, StartupError, wait_for
+from harness.procs import Daemon, StartupError, starting, wait_for
 from harness.prometheus_server import PrometheusServer
 
 _TESTS = Path(__file__).resolve().parents[1]
@@ -378,19 +377,14 @@ class HpaMetricsStack:
         return once ``/apis/custom.metrics.k8s.io/v1beta1`` answers through the API server.
         Stops what it started on failure."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        try:
+        with starting(self) as mark:
             self._render()
             self._apply_monitoring_namespace_and_rbac()
             self._start_prometheus(timeout)
-            self.timings["prometheus"] = time.monotonic() - t0
+            mark("prometheus")
             self._start_adapter(timeout)
-            self.timings["adapter"] = time.monotonic() - t0
+            mark("adapter")
             self._register_apiservice(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.timings["total"] = time.monotonic() - t0
         return self
 
     def stop(self) -> None:

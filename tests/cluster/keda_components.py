@@ -53,7 +53,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from harness.procs import Daemon, StartupError, free_port, wait_for
+from harness.procs import Daemon, StartupError, free_port, starting, wait_for
 
 ADDRESS = "10.200.0.1"
 NAMESPACE = "keda"
@@ -292,8 +292,7 @@ class Keda:
         and its metrics service completes a mutual-TLS handshake with KEDA's certificate) and
         ``GET /apis/external.metrics.k8s.io/v1beta1`` answers 200 through the API server.
         Stops what it started on failure."""
-        t0 = time.monotonic()
-        try:
+        with starting(self) as mark:
             self.workdir.mkdir(parents=True, exist_ok=True)
             self.ports = Ports(
                 grpc=free_port_on(self.address), operator_metrics=free_port_on(self.address),
@@ -301,17 +300,13 @@ class Keda:
                 server_metrics=free_port_on(self.address),
             )
             self._install(timeout)
-            self.timings["install"] = time.monotonic() - t0
+            mark("install")
             self._write_kubeconfig()
             self._bootstrap_certificates(timeout)
-            self.timings["certificates"] = time.monotonic() - t0
+            mark("certificates")
             self._start_operator(timeout)
-            self.timings["operator"] = time.monotonic() - t0
+            mark("operator")
             self._start_metrics_server(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.timings["total"] = time.monotonic() - t0
         return self
 
     def stop(self) -> None:

@@ -41,14 +41,13 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import requests
 
 from harness.airflow_client import AirflowClient
 from harness.postgres import PostgresCluster
-from harness.procs import Daemon, StartupError, free_port, log_tail, wait_for
+from harness.procs import Daemon, StartupError, free_port, log_tail, starting, wait_for
 
 TESTS_DIR = Path(__file__).resolve().parents[2]
 DAGS_FOLDER = TESTS_DIR / "e2e" / "dags"
@@ -227,31 +226,20 @@ class AirflowStack:
 
         On failure everything already started is stopped before the error propagates.
         """
-        t0 = time.monotonic()
         atexit.register(self.stop)
-        try:
+        with starting(self) as mark:
             self._venv = airflow_venv()
-            self.timings["venv"] = time.monotonic() - t0
+            mark("venv")
             self._prepare_workdir()
-
-            t = time.monotonic()
             self._pg = PostgresCluster(self.workdir / "pg").start()
-            self.timings["postgres"] = time.monotonic() - t
-
-            t = time.monotonic()
+            mark("postgres")
             self.port = free_port()
             self._migrate(timeout)
-            self.timings["migrate"] = time.monotonic() - t
-
-            t = time.monotonic()
+            mark("migrate")
             for name in ("api-server", "scheduler", "dag-processor"):
                 self._start_daemon(name)
             self._wait_healthy(timeout, need_scheduler=True)
-            self.timings["daemons"] = time.monotonic() - t
-        except BaseException:
-            self.stop()
-            raise
-        self.timings["total"] = time.monotonic() - t0
+            mark("daemons")
         return self
 
     def stop(self) -> None:

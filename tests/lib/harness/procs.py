@@ -8,19 +8,49 @@ stdout/stderr go to one log file whose tail is put into error messages.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 T = TypeVar("T")
 
 
 class StartupError(RuntimeError):
     """A process did not come up; the message carries the tail of its log."""
+
+
+class Stack(Protocol):
+    """Processes started in steps and stopped together: the Airflow stack, the control plane."""
+
+    timings: dict[str, float]
+
+    def stop(self) -> None: ...
+
+
+@contextlib.contextmanager
+def starting(stack: Stack) -> Iterator[Callable[[str], None]]:
+    """The start-up of ``stack``: ``mark(step)`` records in ``stack.timings`` the seconds since
+    the previous mark (or the start), ``total`` is recorded when every step is done, and a step
+    that raises stops whatever the stack had started before the error goes on."""
+    started = last = time.monotonic()
+
+    def mark(step: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        stack.timings[step] = now - last
+        last = now
+
+    try:
+        yield mark
+    except BaseException:
+        stack.stop()
+        raise
+    stack.timings["total"] = time.monotonic() - started
 
 
 def free_port() -> int:
