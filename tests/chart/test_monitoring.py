@@ -149,6 +149,7 @@ THRESHOLDS = [
     "monitoring.prometheusRule.thresholds.sentinelUnavailableFor=7m",
     "monitoring.prometheusRule.thresholds.poolStuckAtZeroFor=90s",
     "monitoring.prometheusRule.thresholds.queuedTooLongSeconds=1800",
+    "monitoring.prometheusRule.thresholds.queuedTooLongFor=3m",
     "monitoring.prometheusRule.thresholds.poolAtMaximumFor=1h",
     "monitoring.prometheusRule.thresholds.podsUnschedulableFor=20m",
 ]
@@ -160,7 +161,7 @@ def test_thresholds_rewrite_the_for_durations_and_the_queued_age_limit(chart, tm
     shipped = {x["alert"]: x for g in shipped_rules()["groups"] for x in g["rules"]}
     want_for = {
         "AstroSentinelDown": "7m", "AstroSentinelDataStale": "7m", "AstroAgentPoolStuckAtZero": "90s",
-        "AstroAgentPoolAtMaximum": "1h", "AstroAgentPodsUnschedulable": "20m",
+        "AstroAgentTasksQueuedTooLong": "3m", "AstroAgentPoolAtMaximum": "1h", "AstroAgentPodsUnschedulable": "20m",
     }
     for name, x in rendered.items():
         assert x.get("for") == want_for.get(name, shipped[name].get("for")), name

@@ -4,10 +4,12 @@ helm renders them into the PrometheusRule with short `thresholds`. Only the Sent
 these alerts must not need the workers' series, which vanish with a pool's last pod.
 
 1. At zero: a KEDA pool held at 0 by `autoscaling.keda.sh/paused-replicas: "0"` (KEDA not
-   acting) gets tasks. AstroAgentPoolStuckAtZero fires; once the pause is lifted, KEDA wakes the
-   pool, the alert resolves and the tasks run.
+   acting) gets tasks. AstroAgentPoolStuckAtZero fires, and AstroAgentTasksQueuedTooLong once
+   the oldest task has waited over the limit; once the pause is lifted, KEDA wakes the pool, both
+   alerts resolve and the tasks run.
 2. No room: a pool whose pods need 1.5 CPUs (one per 2-CPU node) is driven to its maximum of 4;
-   two pods stay unschedulable and AstroAgentPodsUnschedulable fires for it, with their count.
+   two pods stay unschedulable and AstroAgentPodsUnschedulable fires for it, with their count, and
+   AstroAgentPoolAtMaximum, since tasks stay queued while the pool is at its maximum.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ZERO = "astro-worker-zero"
 BIG = "astro-worker-big"
 SENTINEL_TARGET = f"astro-sentinel.{NAMESPACE}.svc:39092"
 THRESHOLD = "10s"
+QUEUED_TOO_LONG_SECONDS = 5
 PAUSED = {"autoscaling.keda.sh/paused-replicas": "0"}
 
 
@@ -54,6 +57,9 @@ def _rules(values: dict, folder: Path) -> Path:
         "monitoring.prometheusRule.enabled=true",
         f"monitoring.prometheusRule.thresholds.poolStuckAtZeroFor={THRESHOLD}",
         f"monitoring.prometheusRule.thresholds.podsUnschedulableFor={THRESHOLD}",
+        f"monitoring.prometheusRule.thresholds.poolAtMaximumFor={THRESHOLD}",
+        f"monitoring.prometheusRule.thresholds.queuedTooLongSeconds={QUEUED_TOO_LONG_SECONDS}",
+        f"monitoring.prometheusRule.thresholds.queuedTooLongFor={THRESHOLD}",
     ])
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     path = folder / "rules.json"
@@ -93,9 +99,27 @@ def _firing(prom: PrometheusServer, alert: str, worker: str) -> list[dict]:
     return prom.query(f'ALERTS{{alertname="{alert}",alertstate="firing",worker="{worker}"}}')
 
 
+def _all_fired(prom: PrometheusServer, alerts: list[str], worker: str, timeout: float) -> dict[str, dict]:
+    """Waits until each of `alerts` has been seen firing for `worker` (not necessarily at once: one
+    may resolve before another fires); the first firing sample of each, by alert name."""
+    seen: dict[str, dict] = {}
+
+    def all_seen() -> bool:
+        for alert in alerts:
+            if alert not in seen and (found := _firing(prom, alert, worker)):
+                (seen[alert],) = found
+        return len(seen) == len(alerts)
+
+    wait_for(all_seen, timeout, f"{', '.join(alerts)} to fire for {worker}",
+             on_timeout=lambda: f"fired: {sorted(seen)}; " + json.dumps(prom.rule_groups())[:4000])
+    return seen
+
+
 def test_pool_stuck_at_zero_fires_from_the_sentinel_alone(cluster, airflow, pools):
     release, prom = pools
-    assert not _firing(prom, "AstroAgentPoolStuckAtZero", ZERO), "no backlog yet: the alert must be silent"
+    alerts = ["AstroAgentPoolStuckAtZero", "AstroAgentTasksQueuedTooLong"]
+    for alert in alerts:
+        assert not _firing(prom, alert, ZERO), f"no backlog yet: {alert} must be silent"
 
     dag = "cluster_at_zero"
     airflow.client.ensure_runnable(dag)
@@ -103,12 +127,13 @@ def test_pool_stuck_at_zero_fires_from_the_sentinel_alone(cluster, airflow, pool
     triggered = time.monotonic()
     wait_for(lambda: (_value(prom, f'astro_sentinel_worker_backlog{{worker="{ZERO}"}}') or 0) > 0, 120,
              "the Sentinel to see the queued tasks")
-    (alert,) = wait_for(lambda: _firing(prom, "AstroAgentPoolStuckAtZero", ZERO), 120,
-                        "AstroAgentPoolStuckAtZero to fire",
-                        on_timeout=lambda: json.dumps(prom.rule_groups())[:4000])
-    fired = time.monotonic()
-    assert alert["metric"]["severity"] == "critical"
-    assert alert["metric"]["namespace"] == NAMESPACE
+    fired = _all_fired(prom, alerts, ZERO, 120)
+    both_fired = time.monotonic()
+    assert fired["AstroAgentPoolStuckAtZero"]["metric"]["severity"] == "critical"
+    assert fired["AstroAgentTasksQueuedTooLong"]["metric"]["severity"] == "warning"
+    assert {a["metric"]["namespace"] for a in fired.values()} == {NAMESPACE}
+    assert (_value(prom, f'astro_sentinel_worker_oldest_queued_age_seconds{{worker="{ZERO}"}}') or 0) \
+        > QUEUED_TOO_LONG_SECONDS
     assert cluster.deployment(NAMESPACE, ZERO).spec.replicas == 0
 
     # KEDA acts again: the pool wakes, the alert resolves, the tasks run.
@@ -116,23 +141,27 @@ def test_pool_stuck_at_zero_fires_from_the_sentinel_alone(cluster, airflow, pool
     unpaused = time.monotonic()
     wait_for(lambda: (_value(prom, f'astro_sentinel_worker_replicas{{worker="{ZERO}"}}') or 0) >= 1, 120,
              "KEDA to wake the pool")
-    wait_for(lambda: not _firing(prom, "AstroAgentPoolStuckAtZero", ZERO), 60, "AstroAgentPoolStuckAtZero to resolve")
-    print(f"\nAstroAgentPoolStuckAtZero (for: {THRESHOLD}) fired {fired - triggered:.1f} s after the trigger; "
-          f"resolved {time.monotonic() - unpaused:.1f} s after the pause was lifted")
+    for alert in alerts:
+        wait_for(lambda: not _firing(prom, alert, ZERO), 60, f"{alert} to resolve")
+    print(f"\nAstroAgentPoolStuckAtZero (for: {THRESHOLD}) and AstroAgentTasksQueuedTooLong "
+          f"(> {QUEUED_TOO_LONG_SECONDS} s for {THRESHOLD}) had both fired {both_fired - triggered:.1f} s after the "
+          f"trigger; both resolved {time.monotonic() - unpaused:.1f} s after the pause was lifted")
     assert airflow.client.wait_run(dag, run_id, timeout=300) == "success"
 
 
-def test_pods_unschedulable_fires_with_their_count(cluster, airflow, pools):
+def test_pods_unschedulable_and_pool_at_maximum_fire(cluster, airflow, pools):
     _, prom = pools
-    assert not _firing(prom, "AstroAgentPodsUnschedulable", BIG)
+    alerts = ["AstroAgentPodsUnschedulable", "AstroAgentPoolAtMaximum"]
+    for alert in alerts:
+        assert not _firing(prom, alert, BIG)
 
     dag = "cluster_alerts_capacity"
     airflow.client.ensure_runnable(dag)
     run_id = airflow.client.trigger(dag)
-    (alert,) = wait_for(lambda: _firing(prom, "AstroAgentPodsUnschedulable", BIG), 240,
-                        "AstroAgentPodsUnschedulable to fire",
-                        on_timeout=lambda: json.dumps(prom.rule_groups())[:4000])
-    assert alert["metric"]["state"] == "waiting"
+    fired = _all_fired(prom, alerts, BIG, 240)
+    assert fired["AstroAgentPodsUnschedulable"]["metric"]["state"] == "waiting"
+    assert fired["AstroAgentPoolAtMaximum"]["metric"]["severity"] == "warning"
+    assert _value(prom, f'astro_sentinel_worker_max_replicas{{worker="{BIG}"}}') == 4
     # The Sentinel's count is the scheduler's: pods whose PodScheduled is False/Unschedulable.
     def unschedulable() -> int:
         pods = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"deploymentName={BIG}").items
@@ -147,9 +176,9 @@ def test_pods_unschedulable_fires_with_their_count(cluster, airflow, pools):
     waiting, _ = wait_for(both, 30, "the Sentinel's waiting count to equal the API's unschedulable pods",
                           on_timeout=lambda: str((_value(prom, f'astro_sentinel_worker_pods{{worker="{BIG}"}}'),
                                                   unschedulable())))
-    print(f"\nAstroAgentPodsUnschedulable fired for {BIG}: {waiting:.0f} pods waiting, "
+    print(f"\nAstroAgentPodsUnschedulable and AstroAgentPoolAtMaximum fired for {BIG}: {waiting:.0f} pods waiting, "
           f"{cluster.deployment(NAMESPACE, BIG).spec.replicas} replicas")
     assert waiting >= 1
     assert airflow.client.wait_run(dag, run_id, timeout=300) == "success"
-    wait_for(lambda: not _firing(prom, "AstroAgentPodsUnschedulable", BIG), 180,
-             "AstroAgentPodsUnschedulable to resolve once the pool has scaled in")
+    for alert in alerts:
+        wait_for(lambda: not _firing(prom, alert, BIG), 180, f"{alert} to resolve once the pool has scaled in")
