@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ const (
 	kedaHTTPTimeout    = 3000 * time.Millisecond // KEDA_HTTP_DEFAULT_TIMEOUT
 	kedaKubeAPITimeout = 5 * time.Second
 	metricsAPIType     = "metrics-api"
+	externalPushType   = "external-push"
 )
 
 // kedaOperator is KEDA's scale handler (the code behind both the operator's scale loop and
@@ -129,6 +131,30 @@ func onlyBacklogTrigger(t *testing.T, so *kedav1alpha1.ScaledObject) backlogTrig
 	return trs[0]
 }
 
+// scalingTrigger is the one trigger that scales worker `name` on its backlog, of the kind the
+// values ask for: a metrics-api trigger reading `backlog`, or the external-push trigger naming
+// the worker (and then no metrics-api backlog trigger beside it).
+func scalingTrigger(t *testing.T, so *kedav1alpha1.ScaledObject, name string, want workerIntent) backlogTrigger {
+	t.Helper()
+	if want.Trigger != externalPushType {
+		return onlyBacklogTrigger(t, so)
+	}
+	var pushes []backlogTrigger
+	for i, tr := range so.Spec.Triggers {
+		if tr.Type == externalPushType {
+			pushes = append(pushes, backlogTrigger{i, tr})
+		}
+	}
+	if len(pushes) != 1 || len(backlogTriggers(so)) != 0 {
+		t.Fatalf("ScaledObject %s: want one %s trigger and no %s backlog trigger, have %+v",
+			so.Name, externalPushType, metricsAPIType, so.Spec.Triggers)
+	}
+	if got := pushes[0].Trigger.Metadata["worker"]; got != name {
+		t.Fatalf("ScaledObject %s: the %s trigger names worker %q, want %q", so.Name, externalPushType, got, name)
+	}
+	return pushes[0]
+}
+
 // metricSpecOf returns the external metric KEDA puts into the HPA for a trigger.
 func metricSpecOf(t *testing.T, ctx context.Context, c *cache.ScalersCache, index int) autoscalingv2.MetricSpec {
 	t.Helper()
@@ -208,10 +234,16 @@ func kedaTokenPolicyFromNotes(t *testing.T) *resolver.Config {
 	return cfg
 }
 
-func unmatchedParamEvents(evs []string) []string {
+// unmatchedParamEvents: KEDA's reports of trigger metadata keys its scaler does not read, but
+// for the keys in `forwarded`: an external scaler's own keys, which KEDA passes on to it unread.
+func unmatchedParamEvents(evs []string, forwarded ...string) []string {
 	var bad []string
 	for _, e := range evs {
-		if strings.Contains(e, "Unmatched input property") {
+		_, rest, ok := strings.Cut(e, "Unmatched input property ")
+		if !ok {
+			continue
+		}
+		if key, _, _ := strings.Cut(rest, " "); !slices.Contains(forwarded, key) {
 			bad = append(bad, e)
 		}
 	}

@@ -64,6 +64,7 @@ type workerIntent struct {
 	ActivationTargetValue string `json:"activationTargetValue"` // as the values give it
 	FallbackEnabled       bool   `json:"fallbackEnabled"`
 	FallbackReplicas      int32  `json:"fallbackReplicas"`
+	Trigger               string `json:"trigger"` // keda.trigger: metrics-api or external-push
 }
 
 type liveSentinel struct {

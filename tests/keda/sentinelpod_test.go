@@ -63,6 +63,16 @@ type sentinelPod struct {
 	Tokens     []string // static mode: the tokens file as mounted
 }
 
+// env is the value the container's environment gives `name` ("" when it is not set).
+func (p *sentinelPod) env(name string) string {
+	for _, e := range p.Container.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
 func (p *sentinelPod) worker(name string) *sentinelWorker {
 	for i := range p.Config.Workers {
 		if p.Config.Workers[i].Name == name {
@@ -141,15 +151,22 @@ func sentinelBehind(sc *scenario, rawURL string) (*sentinelPod, error) {
 			p.ConfigPath = p.Container.Args[i+1]
 		}
 	}
+	// The port must be one the Sentinel listens on: its HTTP API's or its external scaler's.
+	var listens []string
+	reached := false
 	for _, e := range p.Container.Env {
 		if e.Name == "ASTRO_SENTINEL_CONFIG" && p.ConfigPath == "" {
 			p.ConfigPath = e.Value
 		}
-		if e.Name == "ASTRO_SENTINEL_LISTEN" {
-			if _, port, err := splitHostPort(e.Value); err == nil && port != p.Port {
-				return nil, fmt.Errorf("the Sentinel listens on %s but the Service reaches port %d", e.Value, p.Port)
+		if e.Name == "ASTRO_SENTINEL_LISTEN" || e.Name == "ASTRO_SENTINEL_EXTERNAL_SCALER_LISTEN" {
+			listens = append(listens, e.Value)
+			if _, port, err := splitHostPort(e.Value); err == nil && port == p.Port {
+				reached = true
 			}
 		}
+	}
+	if len(listens) > 0 && !reached {
+		return nil, fmt.Errorf("the Sentinel listens on %v but the Service reaches port %d", listens, p.Port)
 	}
 	if p.ConfigPath == "" {
 		return nil, fmt.Errorf("container %s of %s has no --config", p.Container.Name, p.Deployment.Name)

@@ -21,8 +21,9 @@ import (
 // against the rendered objects, and the request KEDA's metrics-api scaler sends on the wire.
 
 // TestRenderedObjectsAreWhatKEDAReads: every KEDA worker the values ask for has a ScaledObject
-// that decoded strictly into KEDA's type, with one metrics-api trigger whose authentication
-// object exists, and KEDA's own reading of its replica bounds matches the values.
+// that decoded strictly into KEDA's type, with one backlog trigger of the kind the values ask for
+// (metrics-api or external-push) whose authentication object exists, and KEDA's own reading of
+// its replica bounds matches the values.
 func TestRenderedObjectsAreWhatKEDAReads(t *testing.T) {
 	sc := loadScenario(t)
 	if len(sc.Info.Workers) == 0 {
@@ -41,7 +42,7 @@ func TestRenderedObjectsAreWhatKEDAReads(t *testing.T) {
 		if so.Spec.ScaleTargetRef.Kind != "Deployment" || named(sc.Deployments, name) == nil {
 			t.Errorf("ScaledObject %s: scale target %s/%s is not a rendered Deployment", so.Name, so.Spec.ScaleTargetRef.Kind, name)
 		}
-		bt := onlyBacklogTrigger(t, so)
+		bt := scalingTrigger(t, so, name, want)
 		ref := bt.Trigger.AuthenticationRef
 		if ref == nil {
 			t.Errorf("ScaledObject %s: trigger %d has no authenticationRef", so.Name, bt.Index)
@@ -157,7 +158,7 @@ func (rs *recordingSentinel) requestsFor(path string) []recordedRequest {
 // (or a token minted through the TokenRequest API), KEDA's check for metadata keys the scaler
 // does not know switched on — and checks the HPA metric KEDA derives and the request KEDA's
 // metrics-api scaler sends: a bare GET of /v1/workers/<deployment> carrying a token the
-// rendered Sentinel accepts.
+// rendered Sentinel accepts. An external-push trigger is checked by checkPushTrigger.
 func TestKEDABuildsTheBacklogTriggers(t *testing.T) {
 	sc := loadScenario(t)
 	pod := sentinelOf(t, sc)
@@ -177,10 +178,18 @@ func TestKEDABuildsTheBacklogTriggers(t *testing.T) {
 			if err != nil {
 				t.Fatalf("KEDA cannot build the scalers of ScaledObject %s: %v", so.Name, err)
 			}
-			if bad := unmatchedParamEvents(op.events()); len(bad) > 0 {
-				t.Errorf("KEDA does not know these trigger metadata keys: %v", bad)
+			var forwarded []string
+			if want.Trigger == externalPushType {
+				forwarded = sentinelScalerKeys
 			}
-			bt := onlyBacklogTrigger(t, so)
+			if bad := unmatchedParamEvents(op.events(), forwarded...); len(bad) > 0 {
+				t.Errorf("neither KEDA nor the Sentinel reads these trigger metadata keys: %v", bad)
+			}
+			bt := scalingTrigger(t, so, name, want)
+			if want.Trigger == externalPushType {
+				checkPushTrigger(t, sc, c, bt, name)
+				return
+			}
 			spec := metricSpecOf(t, ctx, c, bt.Index)
 			metricName := fmt.Sprintf("s%d-metric-api-backlog", bt.Index)
 			if spec.External.Metric.Name != metricName {

@@ -7,7 +7,8 @@ The Go test binary (``*_test.go``, KEDA pinned in ``go.mod``) holds every check;
 prepares the inputs and the peers, then runs the binary once per scenario and phase:
 
 * Scenarios: every ``tests/chart/values/*.yaml`` with KEDA workers, plus
-  ``tests/keda/values/contract.yaml`` (three KEDA workers on queue ``sentinel``). Each is rendered
+  ``tests/keda/values/contract.yaml`` (three KEDA workers on queue ``sentinel``) and, static only,
+  ``tests/keda/values/external-push.yaml`` (a worker on the external-push trigger). Each is rendered
   with the pinned helm (namespace ``astro-test``) into a temp folder; the binary's ``prepare`` tool
   writes ``scenario.json`` (what the values ask of each KEDA worker) and ``provided.yaml`` (the
   existing Secrets the values point at, with random contents), and its ``sentinel-files`` tool
@@ -16,7 +17,8 @@ prepares the inputs and the peers, then runs the binary once per scenario and ph
   ``KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`` entry the chart's NOTES print (rendered offline and
   parsed by KEDA's own loader), as a user following NOTES would install it.
 * static (every scenario): KEDA's types, KEDA's admission webhook, KEDA's scale handler building
-  each trigger, and the exact request KEDA's metrics-api scaler sends.
+  each trigger, and the exact request KEDA's metrics-api scaler sends; for an external-push
+  trigger, a mutual-TLS handshake between the certificates KEDA resolves and the Sentinel's.
 * live (scenarios whose Sentinel reads Airflow's REST API): one real Airflow stack; one
   astro-sentinel per scenario started from its Pod's config file with only the Airflow URL,
   credentials, token-file path and listen address rewritten (plus, for bound tokens, the address
@@ -68,6 +70,10 @@ SLOTS_DAG, SLOTS_TASKS, SLOTS = "e2e_slots_mix", 7, 4 * 1 + 3 * 3
 CONTRACT = "contract"
 SCENARIOS = {p.stem: [p] for p in sorted((ROOT / "tests" / "chart" / "values").glob("*.yaml"))}
 SCENARIOS[CONTRACT] = [HERE / "values" / "contract.yaml"]
+# Static only: its live counterpart, KEDA's external-push scaler against a running Sentinel, is
+# test_external_push.py.
+EXTERNAL_PUSH = "external-push"
+SCENARIOS[EXTERNAL_PUSH] = [HERE / "values" / "external-push.yaml"]
 
 STATIC_TESTS = ["TestRenderedObjectsAreWhatKEDAReads", "TestKEDAAdmissionWebhookAcceptsTheChart",
                 "TestKEDABuildsTheBacklogTriggers"]
@@ -116,7 +122,8 @@ class Scenario:
 
     @property
     def live(self) -> bool:
-        return self.has_keda and self.config.get("source", {}).get("type") == "airflow-api"
+        return (self.has_keda and self.name != EXTERNAL_PUSH
+                and self.config.get("source", {}).get("type") == "airflow-api")
 
     @property
     def bound(self) -> bool:

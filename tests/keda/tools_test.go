@@ -197,6 +197,7 @@ func prepareScenario(dir, name, namespace string, files []string) error {
 		}
 		intent.MinReplicas, intent.MaxReplicas = int32(minR), int32(maxR)
 		intent.ActivationTargetValue = asString(get(w, "keda", "activationTargetValue"))
+		intent.Trigger = asString(get(w, "keda", "trigger"))
 		intent.FallbackEnabled = get(w, "keda", "fallback", "enabled") == true
 		if fb := get(w, "keda", "fallback", "replicas"); fb != nil {
 			n, err := asInt(fb, at+".keda.fallback.replicas")
