@@ -3,6 +3,10 @@
 Measures, with 200 configured workers over 50 queues and static-token auth on:
 * cached ``GET /v1/workers/{name}`` throughput and latency percentiles (wrk on loopback, a Lua
   script rotating worker names and sending the bearer token);
+* where the latency tail comes from: the same server's ``/healthz`` (hyper, the connection
+  limits and the request counter, without auth, cache or JSON) under the same load, and the
+  cached path again with the Sentinel on one core (one tokio worker thread) and wrk on another,
+  so that the two do not take turns on the same cores;
 * the Sentinel's RSS (current and peak);
 * upstream cost per refresh for each source, under load and idle: REST requests
   (airflow-api) or SQL queries (postgres), from the Sentinel's own metrics and, as a cross-check,
@@ -41,14 +45,15 @@ DURATION = int(os.environ.get("BENCH_DURATION", "10"))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "16"))
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
-TARGETS = {"rps": 20_000, "p99_ms": 5.0, "rss_mb": 30.0}
+TARGETS = {"rps": 50_000, "p99_ms": 1.0, "rss_mb": 30.0}
 
 WRK_LUA = r"""
 local n = 0
 local workers = tonumber(os.getenv("BENCH_WORKERS"))
+local fixed = os.getenv("BENCH_PATH")
 local headers = { ["Authorization"] = "Bearer " .. os.getenv("BENCH_TOKEN") }
 request = function()
-  local path = string.format("/v1/workers/astro-worker-%03d", n % workers)
+  local path = fixed ~= "" and fixed or string.format("/v1/workers/astro-worker-%03d", n % workers)
   n = n + 1
   return wrk.format("GET", path, headers)
 end
@@ -88,7 +93,9 @@ def metric(text: str, name: str) -> float:
 
 
 class Sentinel:
-    def __init__(self, work: Path, name: str, source: dict, env: dict[str, str], token: str):
+    def __init__(self, work: Path, name: str, source: dict, env: dict[str, str], token: str,
+                 cpus: str | None = None):
+        """``cpus``: a taskset CPU list the Sentinel (all its threads) is bound to."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         folder = work / name
@@ -103,7 +110,8 @@ class Sentinel:
                   "auth": {"staticTokensFile": str(folder / "tokens")}, "workers": workers}
         (folder / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
         clean = {k: v for k, v in os.environ.items() if not k.startswith("ASTRO_SENTINEL_")}
-        self.daemon = Daemon(name, [os.environ["ASTRO_SENTINEL_BIN"], "--config", str(folder / "config.yaml"),
+        pin = ["taskset", "-c", cpus] if cpus else []
+        self.daemon = Daemon(name, [*pin, os.environ["ASTRO_SENTINEL_BIN"], "--config", str(folder / "config.yaml"),
                                     "--listen", f"127.0.0.1:{self.port}"],
                              {**clean, "RUST_LOG": "warn", **env}, folder / "sentinel.log")
 
@@ -127,15 +135,24 @@ class Sentinel:
         return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
 
 
-def run_wrk(base: str, token: str, lua: Path, duration: int) -> dict[str, float]:
-    env = dict(os.environ, BENCH_TOKEN=token, BENCH_WORKERS=str(WORKERS))
+def run_wrk(base: str, token: str, lua: Path, duration: int, cpus: str | None = None,
+            path: str | None = None) -> dict[str, float]:
+    """One wrk run: the Lua script's rotating worker paths, or ``path`` for every request;
+    bound to ``cpus`` (a taskset list) when given."""
+    env = dict(os.environ, BENCH_TOKEN=token, BENCH_WORKERS=str(WORKERS), BENCH_PATH=path or "")
+    pin = ["taskset", "-c", cpus] if cpus else []
     out = subprocess.run(
-        ["wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{duration}s", "-s", str(lua), f"{base}/"],
+        [*pin, "wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{duration}s", "-s", str(lua), f"{base}/"],
         env=env, check=True, capture_output=True, text=True).stdout
     line = next(l for l in out.splitlines() if l.startswith("RESULT "))
     r = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     return r
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run of median throughput."""
+    return sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
 
 
 def upstream_window(s: Sentinel, seconds: float, load, upstream_count) -> dict[str, float]:
@@ -203,12 +220,13 @@ def main() -> int:
         loaded = upstream_window(s, DURATION, load, fake_count)
         rss, peak = s.rss_mb()
         idle = upstream_window(s, DURATION, None, fake_count)
+        floor = median_run([run_wrk(s.base, token, lua, DURATION, path="/healthz") for _ in range(RUNS)])
         print(f"\ncached GET /v1/workers/{{name}} (airflow-api source), {RUNS} runs of {DURATION}s; "
               f"load average before: {load_before}, after: {os.getloadavg()[0]:.1f}")
         for i, r in enumerate(runs, 1):
             print(f"  run {i}: {r['rps']:>9,.0f} requests/s, p50 {r['p50_us'] / 1000:.3f} ms, "
                   f"p99 {r['p99_us'] / 1000:.3f} ms, sentinel CPU {r['cpu_us']:.1f} us/request")
-        result = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]  # the median run
+        result = median_run(runs)
         print("  median run:")
         print(f"  throughput   {result['rps']:>10,.0f} requests/s   (target >= {TARGETS['rps']:,})")
         print(f"  latency      p50 {result['p50_us'] / 1000:.3f} ms, p90 {result['p90_us'] / 1000:.3f} ms, "
@@ -220,6 +238,20 @@ def main() -> int:
         print(f"  sentinel CPU {result['cpu_us']:.1f} us per request (user+system, kernel networking included): "
               f"one free core serves ~{1e6 / result['cpu_us']:,.0f} requests/s")
         print(f"  sentinel RSS {rss:.1f} MB now, {peak:.1f} MB peak   (target <= {TARGETS['rss_mb']:.0f} MB)")
+        print("\nwhere the latency tail comes from (median runs, same wrk settings):")
+        print(f"  GET /healthz, same server     {floor['rps']:>10,.0f} requests/s, p50 {floor['p50_us'] / 1000:.3f} ms, "
+              f"p99 {floor['p99_us'] / 1000:.3f} ms   (no auth, cache or JSON: the stack's floor)")
+        if (os.cpu_count() or 1) >= 2:
+            s.daemon.stop()
+            own = Sentinel(work, "sentinel-own-core", {"type": "airflow-api", "airflowApi": {"url": fake_url}},
+                           {"ASTRO_SENTINEL_AIRFLOW_TOKEN": "fake", "TOKIO_WORKER_THREADS": "1"}, token, cpus="0").start()
+            daemons.append(own.daemon)
+            run_wrk(own.base, token, lua, 3, cpus="1")  # warm-up
+            apart = median_run([run_wrk(own.base, token, lua, DURATION, cpus="1") for _ in range(RUNS)])
+            own.daemon.stop()
+            print(f"  Sentinel on CPU 0 (1 thread), {apart['rps']:>7,.0f} requests/s, p50 {apart['p50_us'] / 1000:.3f} ms, "
+                  f"p99 {apart['p99_us'] / 1000:.3f} ms")
+            print("  wrk on CPU 1")
         print("\nupstream cost, airflow-api source (REST requests per refresh; 1 per distinct queue expected)")
         for label, w in (("under load", loaded), ("idle", idle)):
             print(f"  {label:<11} {w['per_refresh']:6.1f} per refresh (fake API saw {w['seen_upstream_per_refresh']:.1f}), "
