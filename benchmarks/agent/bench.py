@@ -6,7 +6,9 @@ in turn on queue ``bench`` (one worker at a time, queue empty between measuremen
 
 1. worker RSS (``VmRSS`` of the worker's own PID, not its task processes): idle after
    registration, and while ``bench_16x60`` has 16 tasks running on a 16-slot worker;
-2. idle CPU: utime+stime of the worker PID over an idle window, as % of one core;
+2. idle CPU: utime+stime of the worker PID over an idle window, as % of one core, and the
+   requests the idle worker makes of the api-server (the 16-slot worker talks to it through a
+   counting proxy, counting_proxy.py);
 3. trigger -> first task start of ``bench_32x3`` (Airflow's ``start_date``), on an idle,
    registered 4-slot worker;
 4. refill gap on a saturated queue (``bench_32x3``, 32 x 3 s on 4 slots): the gap between a
@@ -44,6 +46,8 @@ from harness.airflow_stack import AirflowStack
 from harness.astro_agent_process import AstroAgent
 from harness.procs import wait_for
 from harness.python_edge_worker import PythonEdgeWorker
+
+from counting_proxy import CountingProxy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -276,7 +280,9 @@ def summary(values: list[float]) -> dict | None:
 class Worker:
     """One worker process of either kind, with a uniform start/stop."""
 
-    def __init__(self, stack: AirflowStack, kind: str, name: str, slots: int):
+    def __init__(self, stack: AirflowStack, kind: str, name: str, slots: int, api_base: str | None = None):
+        """``api_base``: where the worker reaches the Edge API (the counting proxy), when not the
+        api-server itself."""
         self.stack, self.kind, self.name, self.slots = stack, kind, name, slots
         if kind.startswith("astro-agent"):
             # The agent's defaults (30 s heartbeat, 5 s idle fetch) - the same cadence as the
@@ -288,14 +294,15 @@ class Worker:
                 else:
                     mode = {"extra_args": ["--launch-mode", "fresh"]}
             self.impl = AstroAgent(
-                stack, name, queues=[QUEUE], sync_slots=slots, queue_stats=False, heartbeat_interval="30s", **mode
+                stack, name, queues=[QUEUE], sync_slots=slots, queue_stats=False, heartbeat_interval="30s",
+                api_base=api_base, **mode
             )
             # The same task environment as the Python worker gets from the harness: without
             # this, every task (Airflow's default load_examples=True) loads the example DAG
             # bundles and example plugins, seconds per task on a busy machine.
             self.impl.daemon.env["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
         else:
-            self.impl = PythonEdgeWorker(stack, name=name, queues=[QUEUE], concurrency=slots)
+            self.impl = PythonEdgeWorker(stack, name=name, queues=[QUEUE], concurrency=slots, api_base=api_base)
 
     @property
     def pid(self) -> int:
@@ -342,6 +349,7 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.stack: AirflowStack | None = None
+        self.proxy: CountingProxy | None = None
         self.workers: list[Worker] = []
         self.runs: list[tuple[str, str]] = []
         self.rng = random.Random(args.seed)
@@ -379,10 +387,11 @@ class Bench:
 
         wait_for(empty, timeout, f"queue {QUEUE} to be empty", interval=0.5)
 
-    def start_worker(self, kind: str, slots: int) -> Worker:
+    def start_worker(self, kind: str, slots: int, counted: bool = False) -> Worker:
+        """A registered, idle worker; with ``counted``, reaching the api-server through the proxy."""
         self.queue_empty()
         name = f"bench-{SHORT[kind]}-{slots}"
-        worker = Worker(self.stack, kind, name, slots)
+        worker = Worker(self.stack, kind, name, slots, api_base=self.proxy.url if counted else None)
         self.workers.append(worker)
         say(f"starting {LABELS[kind]} {name} with {slots} slots")
         t = time.monotonic()
@@ -410,6 +419,7 @@ class Bench:
         tree_pss: list[int] = []
         t0, ticks0, ns0 = time.monotonic(), cpu_ticks(pid), runtime_ns(pid)
         helper_ticks0 = {p: _try(cpu_ticks, p) for p in helpers}
+        requests0 = self.proxy.counts()
         next_sample = t0
         while True:
             worker.impl.daemon.check_alive()
@@ -423,6 +433,7 @@ class Bench:
             time.sleep(max(0.0, next_sample - time.monotonic()))
         time.sleep(max(0.0, t0 + seconds - time.monotonic()))
         t1, ticks1, ns1 = time.monotonic(), cpu_ticks(pid), runtime_ns(pid)
+        requests = self.proxy.counts() - requests0
         helper_ticks = sum(
             (_try(cpu_ticks, p) or 0) - (t or 0) for p, t in helper_ticks0.items() if t is not None
         )
@@ -440,9 +451,11 @@ class Bench:
             "cpu_pct": 100.0 * (ticks1 - ticks0) / CLK_TCK / elapsed,
             "cpu_pct_schedstat": 100.0 * (ns1 - ns0) / 1e9 / elapsed,
             "loadavg": loadavg(),
+            "api_requests": dict(requests),
+            "api_requests_per_min": 60.0 * sum(requests.values()) / elapsed,
         }
         say(
-            f"{worker.name} idle {elapsed:.0f}s: RSS max {result['rss_mib_max']:.1f} MiB, "
+            f"{worker.name} idle {elapsed:.0f}s: {sum(requests.values())} api-server requests {dict(requests)}; RSS max {result['rss_mib_max']:.1f} MiB, "
             f"CPU {result['cpu_pct']:.3f}% ({ticks1 - ticks0} ticks), schedstat {result['cpu_pct_schedstat']:.4f}%; "
             f"with {len(helpers)} helper process(es): PSS {result['tree_pss_mib_max']:.1f} MiB, "
             f"CPU {result['tree_cpu_pct']:.3f}%"
@@ -596,7 +609,7 @@ class Bench:
     def bench_kind(self, kind: str, out: dict) -> None:
         """Measure one worker kind; results land in ``out`` as they come (kept on failure)."""
         out["kind"] = kind
-        worker = self.start_worker(kind, 16)
+        worker = self.start_worker(kind, 16, counted=True)
         out["start_to_idle_s"] = [worker.start_to_idle_s]
         try:
             out["idle"] = self.idle(worker)
@@ -771,6 +784,8 @@ def table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
             f"agent <= {TARGET_AGENT_IDLE_CPU_PCT:g} %", "cpu"),
         row("  (info) idle CPU, worker PID, schedstat ns", ("idle", "cpu_pct_schedstat"), " %", 4, "-"),
         row("  (info) idle CPU, worker PID + helper processes", ("idle", "tree_cpu_pct"), " %", 3, "-"),
+        row("api-server requests per idle minute (fetch + heartbeat)", ("idle", "api_requests_per_min"), "", 1,
+            "agent <= python"),
         ranged("Process start -> registered and idle in Airflow", ("start_idle",), "agent <= 1 s"),
         row("  (info) PSS idle after work, worker + helpers (spares let go)",
             ("trials", "tree_pss_mib_idle_after_work"), " MiB", 1, "-"),
@@ -878,6 +893,7 @@ def main(argv=None) -> int:
         bench.stack = AirflowStack()
         bench.stack.start()
         say(f"Airflow up in {bench.stack.timings['total']:.1f}s at {bench.stack.api_base}")
+        bench.proxy = CountingProxy(bench.stack.api_base).start()
         for dag in (DAG_16, DAG_32, DAG_1):
             bench.client.ensure_runnable(dag)
         for kind in args.kinds:
@@ -899,6 +915,8 @@ def main(argv=None) -> int:
                 except Exception:
                     pass
             meta = versions(bench.stack)
+            if bench.proxy is not None:
+                bench.proxy.stop()
             bench.stack.stop()
         else:
             meta = versions(None)

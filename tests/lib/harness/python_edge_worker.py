@@ -31,8 +31,12 @@ class PythonEdgeWorker:
         name: str = "python-edge-worker",
         queues: Sequence[str] = ("default",),
         concurrency: int = 8,
+        api_base: str | None = None,
     ):
+        """``api_base`` replaces the stack's api-server address for the Edge API; the Execution
+        API the tasks use stays the stack's."""
         self.stack = stack
+        self.edge_api_url = f"{api_base}/edge_worker/v1" if api_base else stack.edge_api_url
         self.name = name
         self.queues = list(queues)
         self.concurrency = concurrency
@@ -53,7 +57,7 @@ class PythonEdgeWorker:
             PYTHONUNBUFFERED="1",
             AIRFLOW__CORE__EXECUTOR="airflow.providers.edge3.executors.EdgeExecutor",
             AIRFLOW__CORE__LOAD_EXAMPLES="False",
-            AIRFLOW__EDGE__API_URL=f"{self.stack.edge_api_url}/rpcapi",
+            AIRFLOW__EDGE__API_URL=f"{self.edge_api_url}/rpcapi",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=self.stack.execution_api_url,
             AIRFLOW__API_AUTH__JWT_SECRET=self.stack.jwt_secret,
         )
