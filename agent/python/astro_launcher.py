@@ -186,7 +186,10 @@ def task_hostname():
     aiohttp, psutil and the edge client in the launcher, and so in every process forked from it.
 
     The task process (a fork of the supervisor) hands its own children the edge provider's
-    callable again: they are fresh interpreters, where this launcher is not importable.
+    callable again: they are fresh interpreters, where this launcher is not importable. It does
+    so on its first call, which Airflow's task runner makes before any task code runs (it sets
+    ``ti.hostname`` while preparing the task); restoring at the fork instead would make that
+    call import the edge module in every task.
     """
     if os.getpid() != _supervisor_pid and _importable_hostname_callable:
         os.environ[HOSTNAME_CALLABLE] = _importable_hostname_callable

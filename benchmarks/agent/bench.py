@@ -262,6 +262,16 @@ def marker_times(log_folder: Path, dag_id: str, run_id: str) -> dict[str, dateti
     return out
 
 
+#: Where a run's first start went, as analyse_run splits it.
+FIRST_START_PARTS = ("trigger_to_first_start_s", "trigger_to_first_queued_s", "queued_to_first_start_s",
+                     "first_received_to_start_s")
+
+
+def first_start_summaries(runs: list[dict]) -> dict:
+    """Each part of the first start, summarised over the runs that have it."""
+    return {key: summary([r[key] for r in runs if r[key] is not None]) for key in FIRST_START_PARTS}
+
+
 def summary(values: list[float]) -> dict | None:
     if not values:
         return None
@@ -548,10 +558,7 @@ class Bench:
 
         return {
             "reps": reps,
-            "trigger_to_first_start_s": summary([r["trigger_to_first_start_s"] for r in reps]),
-            "trigger_to_first_queued_s": summary([r["trigger_to_first_queued_s"] for r in reps if r["trigger_to_first_queued_s"] is not None]),
-            "queued_to_first_start_s": summary([r["queued_to_first_start_s"] for r in reps if r["queued_to_first_start_s"] is not None]),
-            "first_received_to_start_s": summary([r["first_received_to_start_s"] for r in reps if r["first_received_to_start_s"] is not None]),
+            **first_start_summaries(reps),
             "refill_gap_s": summary(gaps),
             "refill_end_to_exit_s": pooled("end_to_exit"),
             "refill_exit_to_received_s": pooled("exit_to_received"),
@@ -576,9 +583,7 @@ class Bench:
             state = self.client.wait_run(DAG_1, run, timeout=300)
             tis = self.client.task_instances(DAG_1, run)
             rep = analyse_run(tis, triggered, worker, worker_events(worker.log_file, DAG_1, run), {})
-            trials.append({k: rep[k] for k in (
-                "trigger_to_first_start_s", "trigger_to_first_queued_s", "queued_to_first_start_s",
-                "first_received_to_start_s", "all_success")} | {"run_id": run, "run_state": state})
+            trials.append({k: rep[k] for k in (*FIRST_START_PARTS, "all_success")} | {"run_id": run, "run_state": state})
         first = summary([t["trigger_to_first_start_s"] for t in trials])
         say(f"{worker.name}: {first['n']} trials, trigger->first start mean {first['mean']:.2f}s, "
             f"median {first['median']:.2f}s ({first['min']:.2f}-{first['max']:.2f})")
@@ -591,15 +596,9 @@ class Bench:
                 pss.append(pss_kib(worker.pid) + sum(_try(pss_kib, p) or 0 for p in descendants(worker.pid)))
                 time.sleep(1.0)
 
-        def pooled(key):
-            return summary([t[key] for t in trials if t[key] is not None])
-
         return {
             "trials": trials,
-            "trigger_to_first_start_s": pooled("trigger_to_first_start_s"),
-            "trigger_to_first_queued_s": pooled("trigger_to_first_queued_s"),
-            "queued_to_first_start_s": pooled("queued_to_first_start_s"),
-            "first_received_to_start_s": pooled("first_received_to_start_s"),
+            **first_start_summaries(trials),
             "all_success": all(t["all_success"] for t in trials),
             "tree_pss_mib_idle_after_work": mib(max(pss)) if pss else None,
         }

@@ -2,6 +2,7 @@ package kedacontract
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"testing"
 
@@ -61,13 +62,13 @@ func checkPushTrigger(t *testing.T, sc *scenario, c *cache.ScalersCache, bt back
 	if err != nil {
 		t.Fatalf("the Sentinel's certificate and key: %v", err)
 	}
-	clientCAs, err := kedautil.NewTLSConfig("", "", string(mounted("ASTRO_SENTINEL_EXTERNAL_SCALER_CLIENT_CA")), false)
-	if err != nil {
-		t.Fatalf("the Sentinel's client CA: %v", err)
+	clientCAs := x509.NewCertPool()
+	if !clientCAs.AppendCertsFromPEM(mounted("ASTRO_SENTINEL_EXTERNAL_SCALER_CLIENT_CA")) {
+		t.Fatal("the Sentinel's client CA file holds no PEM certificate")
 	}
 	sentinelSide := &tls.Config{
 		Certificates: []tls.Certificate{serverPair},
-		ClientCAs:    clientCAs.RootCAs,
+		ClientCAs:    clientCAs,
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		MinVersion:   tls.VersionTLS12,
 	}
