@@ -326,6 +326,15 @@ class Keda:
         """The last log lines of each process, for failure messages."""
         return "\n".join(f"---- {d.name} ({d.log_file}):\n{d.tail(lines)}" for d in self._daemons)
 
+    def operator_lines(self, containing: str, lines: int = 15) -> str:
+        """The operator's last log lines that mention ``containing`` (e.g. a ScaledObject's name),
+        for failure messages."""
+        if self.operator is None or not self.operator.log_file.exists():
+            return ""
+        matching = [line for line in self.operator.log_file.read_text(errors="replace").splitlines()
+                    if containing in line]
+        return "\n".join(matching[-lines:])
+
     # ---- what the manifests install ----------------------------------------------------
 
     def _install(self, timeout: float) -> None:

@@ -27,6 +27,15 @@ def _queued_at(airflow, run_id: str) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
+def _wait_for_sentinel(cluster, release) -> float:
+    """Wait for the release's Sentinel Deployment to have a ready replica; return when it did."""
+    (sentinel,) = [o["metadata"]["name"] for o in release.manifest()
+                   if o["kind"] == "Deployment" and "sentinel" in o["metadata"]["name"]]
+    wait_for(lambda: (cluster.deployment(NAMESPACE, sentinel).status.ready_replicas or 0) == 1, 180,
+             f"{sentinel} ready")
+    return time.monotonic()
+
+
 def test_a_queued_task_wakes_a_pool_at_zero_through_the_push(cluster, nodes, keda, airflow, release_factory):
     release = release_factory(RELEASE, NAMESPACE)
     values = chart_values(airflow)
@@ -35,9 +44,18 @@ def test_a_queued_task_wakes_a_pool_at_zero_through_the_push(cluster, nodes, ked
         "keda": {"enabled": True, "trigger": "external-push", "minReplicaCount": 0, "maxReplicaCount": 1,
                  "pollingInterval": POLLING_INTERVAL, "cooldownPeriod": 10},
     }]
+    installed = time.monotonic()
     release.install(values)
-    wait_for(lambda: condition(cluster.scaled_object(NAMESPACE, DEPLOYMENT), "Ready") == "True", 120,
-             f"ScaledObject {DEPLOYMENT} READY True")
+    sentinel_ready = _wait_for_sentinel(cluster, release) - installed
+    # Until the Sentinel answers, KEDA's operator cannot build the HPA (GetMetricSpec fails) and
+    # retries on its controller's doubling backoff, while gRPC re-resolves the name on a backoff of
+    # its own: the ScaledObject turns ready up to about twice the Sentinel's start-up later.
+    wait_for(lambda: condition(cluster.scaled_object(NAMESPACE, DEPLOYMENT), "Ready") == "True",
+             max(120.0, 3 * sentinel_ready + 60), f"ScaledObject {DEPLOYMENT} READY True",
+             on_timeout=lambda: f"ScaledObject status: {cluster.scaled_object(NAMESPACE, DEPLOYMENT).get('status')}\n"
+                                f"KEDA operator on it:\n{keda.operator_lines(DEPLOYMENT)}")
+    print(f"\nSentinel ready {sentinel_ready:.1f}s and ScaledObject ready {time.monotonic() - installed:.1f}s "
+          "after the install")
     wait_for(lambda: cluster.deployment(NAMESPACE, DEPLOYMENT).spec.replicas == 0, 120, f"{DEPLOYMENT} at 0")
 
     airflow.client.ensure_runnable(DAG)
