@@ -52,7 +52,11 @@ def scaling(cluster, nodes, keda, airflow, release_factory):
         # The HPA's scale-down window (300 s by default) shortened so the run fits the stage.
         "behavior": {"scaleDown": {"stabilizationWindowSeconds": 10}},
     }
-    values = chart_values(airflow)
+    # Idle-first scale-in (the chart's default) deletes an idle pod whenever there is one, and
+    # whether there is one when the backlog falls depends on which pods the first-ending tasks ran
+    # on: off here, so that Kubernetes' own choice deletes busy pods and the drain is exercised.
+    # Its own scenario is test_scale_in_idle_first.py.
+    values = chart_values(airflow, kubernetes={"idleFirstScaleIn": False})
     values["workers"] = [
         {"name": "burst", "queues": ["cluster-burst"], "syncSlots": 2,
          "terminationGracePeriodSeconds": GRACE_SECONDS, "drainMarginSeconds": 10, "keda": keda_common},
