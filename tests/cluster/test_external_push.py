@@ -17,6 +17,7 @@ from kube import condition
 NAMESPACE = "astro-push"
 RELEASE = "push"
 DEPLOYMENT = "astro-worker-push"
+SENTINEL = "astro-sentinel"
 DAG = "cluster_push"
 POLLING_INTERVAL = 300
 
@@ -25,15 +26,6 @@ def _queued_at(airflow, run_id: str) -> datetime | None:
     (ti,) = airflow.client.task_instances(DAG, run_id)
     value = ti.get("queued_when")
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
-
-
-def _wait_for_sentinel(cluster, release) -> float:
-    """Wait for the release's Sentinel Deployment to have a ready replica; return when it did."""
-    (sentinel,) = [o["metadata"]["name"] for o in release.manifest()
-                   if o["kind"] == "Deployment" and "sentinel" in o["metadata"]["name"]]
-    wait_for(lambda: (cluster.deployment(NAMESPACE, sentinel).status.ready_replicas or 0) == 1, 180,
-             f"{sentinel} ready")
-    return time.monotonic()
 
 
 def _keda_story(cluster, keda) -> str:
@@ -51,7 +43,9 @@ def test_a_queued_task_wakes_a_pool_at_zero_through_the_push(cluster, nodes, ked
     }]
     installed = time.monotonic()
     release.install(values)
-    sentinel_ready = _wait_for_sentinel(cluster, release) - installed
+    wait_for(lambda: (cluster.deployment(NAMESPACE, SENTINEL).status.ready_replicas or 0) == 1, 180,
+             f"{SENTINEL} ready")
+    sentinel_ready = time.monotonic() - installed
     # Until KEDA's operator reaches the Sentinel it cannot make the HPA (GetMetricSpec fails), and
     # it retries on its controller's per-object backoff, which doubles from 5 ms with every failure:
     # the ScaledObject turns ready at the first retry after the Sentinel is reachable, up to about
