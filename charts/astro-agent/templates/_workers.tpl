@@ -1,0 +1,166 @@
+{{/*
+The resolved worker list, which every worker object and the Sentinel's configuration render from.
+*/}}
+
+{{/*
+Deep merge: copies .src into .dst in place. Maps merge key by key; lists and scalars replace;
+a null in .src leaves the default. (Sprig's merge helpers skip false/0/"" from the source, which
+would make `keda.enabled: false` or `minReplicaCount: 0` in a worker entry lose to a default.)
+*/}}
+{{- define "astro-agent.merge" -}}
+{{- $dst := .dst -}}
+{{- range $k, $v := .src -}}
+{{- if kindIs "map" $v -}}
+{{- $cur := get $dst $k -}}
+{{- if kindIs "map" $cur -}}
+{{- include "astro-agent.merge" (dict "dst" $cur "src" $v) -}}
+{{- else -}}
+{{- $_ := set $dst $k (deepCopy $v) -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $v) -}}
+{{- $_ := set $dst $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The resolved worker list: each `workers` entry merged over `workerDefaults`, validated, and
+completed with derived fields. Returns JSON {"workers": [...]}; templates read it with fromJson.
+Derived fields: deploymentName, queueList, mode ("keda" | "hpa" | "fixed"), drainTimeoutSeconds,
+hpaTarget (HPA averageValue), fallbackReplicas.
+Every refusal names the key and the fix.
+*/}}
+{{- define "astro-agent.workers" -}}
+{{- $root := . -}}
+{{- $prefix := include "astro-agent.prefix" . -}}
+{{- $out := list -}}
+{{- $seen := dict -}}
+{{- if not (kindIs "slice" .Values.workers) -}}
+{{- fail "workers must be a list of worker entries (each with a name)" -}}
+{{- end -}}
+{{- range $i, $entry := .Values.workers -}}
+{{- $at := printf "workers[%d]" $i -}}
+{{- if not (kindIs "map" $entry) -}}
+{{- fail (printf "%s must be a map with at least a name" $at) -}}
+{{- end -}}
+{{- $w := deepCopy $root.Values.workerDefaults -}}
+{{- include "astro-agent.merge" (dict "dst" $w "src" $entry) -}}
+{{- $name := toString (default "" $w.name) -}}
+{{- if not $name -}}
+{{- fail (printf "%s.name is required: it names the Deployment <resourceNamePrefix>-worker-<name>" $at) -}}
+{{- end -}}
+{{- $at = printf "workers[%d] (%s)" $i $name -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "workers[%d].name %q is a duplicate of workers[%v].name: worker names must be unique" $i $name (get $seen $name)) -}}
+{{- end -}}
+{{- $_ := set $seen $name $i -}}
+{{- $deploy := printf "%s-worker-%s" $prefix $name -}}
+{{- if or (gt (len $deploy) 63) (not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $deploy)) -}}
+{{- fail (printf "workers[%d].name %q gives the Deployment name %q, which must be a DNS label: lowercase letters, digits and '-', at most 63 characters" $i $name $deploy) -}}
+{{- end -}}
+{{- $_ := set $w "deploymentName" $deploy -}}
+
+{{- /* queues: a list or a comma-separated string */ -}}
+{{- $raw := $w.queues -}}
+{{- if kindIs "string" $raw -}}{{- $raw = splitList "," $raw -}}{{- end -}}
+{{- $queues := list -}}
+{{- range $q := ($raw | default list) -}}
+{{- $q = trim (toString $q) -}}
+{{- if $q -}}{{- $queues = append $queues $q -}}{{- end -}}
+{{- end -}}
+{{- if not $queues -}}
+{{- fail (printf "workers[%d].queues is empty: give the worker at least one Airflow queue, e.g. queues: [default]" $i) -}}
+{{- end -}}
+{{- $_ := set $w "queueList" (uniq $queues) -}}
+
+{{- $slots := int $w.syncSlots -}}
+{{- if lt $slots 1 -}}
+{{- fail (printf "workers[%d].syncSlots is %d: it must be at least 1 (concurrent tasks per Pod)" $i $slots) -}}
+{{- end -}}
+
+{{- /* drain deadline: grace minus margin; half the grace when the margin would eat most of it */ -}}
+{{- $grace := int $w.terminationGracePeriodSeconds -}}
+{{- if lt $grace 1 -}}
+{{- fail (printf "workers[%d].terminationGracePeriodSeconds is %d: it must be at least 1 so the agent can drain its tasks" $i $grace) -}}
+{{- end -}}
+{{- $margin := int $w.drainMarginSeconds -}}
+{{- $drain := div $grace 2 -}}
+{{- if ge $grace (mul 2 $margin) -}}{{- $drain = sub $grace $margin -}}{{- end -}}
+{{- $_ := set $w "drainTimeoutSeconds" $drain -}}
+
+{{- $keda := $w.keda.enabled -}}
+{{- $hpa := $w.hpa.enabled -}}
+{{- if and $keda $hpa -}}
+{{- fail (printf "workers[%d].keda.enabled and workers[%d].hpa.enabled are both true (worker %q): a Deployment takes one autoscaler; set one of them to false" $i $i $name) -}}
+{{- end -}}
+{{- if $keda -}}
+{{- $_ := set $w "mode" "keda" -}}
+{{- if not $root.Values.sentinel.enabled -}}
+{{- fail (printf "workers[%d].keda.enabled is true (worker %q) but sentinel.enabled is false: KEDA reads the backlog from the Sentinel; set sentinel.enabled: true" $i $name) -}}
+{{- end -}}
+{{- $min := int $w.keda.minReplicaCount -}}
+{{- $max := int $w.keda.maxReplicaCount -}}
+{{- if lt $min 0 -}}
+{{- fail (printf "workers[%d].keda.minReplicaCount is %d: it must be 0 or more" $i $min) -}}
+{{- end -}}
+{{- if lt $max 1 -}}
+{{- fail (printf "workers[%d].keda.maxReplicaCount is %d: it must be at least 1" $i $max) -}}
+{{- end -}}
+{{- if gt $min $max -}}
+{{- fail (printf "workers[%d].keda.minReplicaCount (%d) is greater than workers[%d].keda.maxReplicaCount (%d)" $i $min $i $max) -}}
+{{- end -}}
+{{- $trigger := toString (default "metrics-api" $w.keda.trigger) -}}
+{{- if not (has $trigger (list "metrics-api" "external-push")) -}}
+{{- fail (printf "workers[%d].keda.trigger is %q: use metrics-api or external-push" $i $trigger) -}}
+{{- end -}}
+{{- $_ := set $w.keda "trigger" $trigger -}}
+{{- $fb := $w.keda.fallback.replicas -}}
+{{- if kindIs "invalid" $fb -}}{{- $fb = max $min 1 -}}{{- end -}}
+{{- $_ := set $w "fallbackReplicas" (int $fb) -}}
+{{- else if $hpa -}}
+{{- $_ := set $w "mode" "hpa" -}}
+{{- $min := int $w.hpa.minReplicaCount -}}
+{{- $max := int $w.hpa.maxReplicaCount -}}
+{{- if lt $min 1 -}}
+{{- fail (printf "workers[%d].hpa.minReplicaCount is %d: an HPA needs at least 1 (only KEDA scales to zero; use workers[%d].keda instead)" $i $min $i) -}}
+{{- end -}}
+{{- if gt $min $max -}}
+{{- fail (printf "workers[%d].hpa.minReplicaCount (%d) is greater than workers[%d].hpa.maxReplicaCount (%d)" $i $min $i $max) -}}
+{{- end -}}
+{{- if $w.hpa.metric.enabled -}}
+{{- if ne (toString $w.hpa.metric.target.type) "AverageValue" -}}
+{{- fail (printf "workers[%d].hpa.metric.target.type is %q: queue depth needs AverageValue (a Value target multiplies by the current replicas every cycle)" $i (toString $w.hpa.metric.target.type)) -}}
+{{- end -}}
+{{- if not $root.Values.airflow.restApi.url -}}
+{{- fail (printf "workers[%d].hpa.enabled is true (worker %q) but airflow.restApi.url is empty: the agent reads the queue stats the HPA scales on from Airflow's REST API" $i $name) -}}
+{{- end -}}
+{{- else if not $w.hpa.extraMetrics -}}
+{{- fail (printf "workers[%d].hpa has no metric: enable workers[%d].hpa.metric or give workers[%d].hpa.extraMetrics" $i $i $i) -}}
+{{- end -}}
+{{- $target := toString (default "" $w.hpa.metric.target.averageValue) -}}
+{{- if not $target -}}{{- $target = toString $slots -}}{{- end -}}
+{{- $_ := set $w "hpaTarget" $target -}}
+{{- else -}}
+{{- $_ := set $w "mode" "fixed" -}}
+{{- end -}}
+{{- $out = append $out $w -}}
+{{- end -}}
+{{- toJson (dict "workers" $out) -}}
+{{- end -}}
+
+{{/* The KEDA-enabled workers, as JSON {"workers": [...]}. */}}
+{{- define "astro-agent.kedaWorkers" -}}
+{{- $k := list -}}
+{{- range $w := (include "astro-agent.workers" . | fromJson).workers -}}
+{{- if eq $w.mode "keda" -}}{{- $k = append $k $w -}}{{- end -}}
+{{- end -}}
+{{- toJson (dict "workers" $k) -}}
+{{- end -}}
+
+{{/* "true" when a KEDA worker uses the external-push trigger: the Sentinel then serves KEDA's
+external scaler API on its gRPC port, behind mutual TLS. */}}
+{{- define "astro-agent.externalScalerEnabled" -}}
+{{- range $w := (include "astro-agent.kedaWorkers" . | fromJson).workers -}}
+{{- if eq $w.keda.trigger "external-push" -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
