@@ -1,6 +1,7 @@
 """Fixtures for the chart tests: a pinned helm, the chart's renderer, and validators built from
 the Kubernetes API schemas (kubernetes-validate) and the real CRDs of KEDA and prometheus-operator
-(read from their Go modules). Everything is offline once the caches are warm."""
+(read from their Go modules); and what a values file means, which the test files compare the
+rendered objects with. Everything is offline once the caches are warm."""
 
 import copy
 import json
@@ -243,3 +244,51 @@ def validate(crd_schemas):
 
 def dump(obj):
     return json.dumps(obj, indent=1, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a values file means, computed independently of the chart's templates.
+
+
+def chart_defaults():
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def deep_merge(base, over):
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        elif v is not None:
+            out[k] = v
+    return out
+
+
+def effective(name):
+    """Chart defaults + the scenario's values, and each worker merged over workerDefaults."""
+    values = deep_merge(chart_defaults(), load_values(name))
+    prefix = values["resourceNamePrefix"]
+    workers = []
+    for entry in values["workers"]:
+        w = deep_merge(values["workerDefaults"], entry)
+        q = w["queues"]
+        w["queues"] = [s.strip() for s in (q.split(",") if isinstance(q, str) else q) if s.strip()]
+        w["deployment"] = f"{prefix}-worker-{w['name']}"
+        w["mode"] = "keda" if w["keda"]["enabled"] else "hpa" if w["hpa"]["enabled"] else "fixed"
+        workers.append(w)
+    return values, workers
+
+
+def container(deploy, name):
+    found = [c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    assert len(found) == 1
+    return found[0]
+
+
+def env_of(c):
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def sentinel_config(r, values):
+    cm = r.get("ConfigMap", f"{values['resourceNamePrefix']}-sentinel")
+    return yaml.safe_load(cm["data"]["config.yaml"])

@@ -1,5 +1,6 @@
-"""The chart's monitoring additions: the PrometheusRule built from files/prometheus-rules.yaml and
-the Grafana dashboard ConfigMap built from files/dashboards/astro-agent-worker.json.
+"""The chart's monitoring: the ServiceMonitors of the workers and the Sentinel, the PrometheusRule
+built from files/prometheus-rules.yaml and the Grafana dashboard ConfigMap built from
+files/dashboards/astro-agent-worker.json.
 
 Rendered by the real helm, checked against the real PrometheusRule CRD and the Kubernetes schemas,
 and the rendered rules run through promtool (Debian's prometheus package, found or unpacked by
@@ -19,7 +20,18 @@ import yaml
 
 from harness import prometheus_server
 
-from conftest import CHART, KUBE_VERSION, NAMESPACE, PINS, _OBJECT_META, _closed, _tool, scenario
+from conftest import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    PINS,
+    VALID_SCENARIOS,
+    _OBJECT_META,
+    _closed,
+    _tool,
+    effective,
+    scenario,
+)
 
 RULES_FILE = CHART / "files" / "prometheus-rules.yaml"
 RULES_TEST_FILE = CHART / "files" / "prometheus-rules.test.yaml"
@@ -289,3 +301,34 @@ def test_dashboard_is_for_one_worker_deployment():
                    "astro_agent_task_duration_seconds_bucket", "astro_agent_tasks_finished_total",
                    "astro_agent_heartbeat_age_seconds", "astro_agent_edge_api_request_failures_total"):
         assert needed in text, needed
+
+
+# ---------------------------------------------------------------------------------------------
+# ServiceMonitors: one for the workers, one for the Sentinel.
+
+
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_service_monitors(chart, name):
+    values, workers = effective(name)
+    r = chart.render(scenario(name))
+    prefix = values["resourceNamePrefix"]
+    sms = {sm["metadata"]["name"]: sm for sm in r.all("ServiceMonitor")}
+    want = set()
+    if values["serviceMonitor"]["workers"]["enabled"]:
+        want.add(f"{prefix}-workers")
+    if values["serviceMonitor"]["sentinel"]["enabled"] and values["sentinel"]["enabled"]:
+        want.add(f"{prefix}-sentinel")
+    assert set(sms) == want
+    if f"{prefix}-workers" in sms:
+        sm = sms[f"{prefix}-workers"]
+        assert sm["spec"]["jobLabel"] == "deploymentName"
+        assert sm["spec"]["endpoints"][0]["port"] == "http" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+        sel = sm["spec"]["selector"]["matchLabels"]
+        selected = [s["metadata"]["name"] for s in r.all("Service") if sel.items() <= s["metadata"]["labels"].items()]
+        assert sorted(selected) == sorted(w["deployment"] for w in workers)
+        for k, v in values["serviceMonitor"]["labels"].items():
+            assert sm["metadata"]["labels"][k] == v
+    if f"{prefix}-sentinel" in sms:
+        sel = sms[f"{prefix}-sentinel"]["spec"]["selector"]["matchLabels"]
+        selected = [s["metadata"]["name"] for s in r.all("Service") if sel.items() <= s["metadata"]["labels"].items()]
+        assert selected == [f"{prefix}-sentinel"]

@@ -153,3 +153,13 @@ def test_schema_is_draft_07_and_every_definition_is_used():
                 yield from beside_ref(v)
 
     assert not list(beside_ref(SCHEMA)), "a validation keyword beside a $ref, which draft-07 ignores"
+
+
+def test_schema_rejects_wrong_types(chart):
+    base = scenario("defaults")
+    err = chart.render_error(base, sets=["workers[0].syncSlots=many"])
+    assert "/workers/0/syncSlots" in err
+    err = chart.render_error(base, sets=["workerDefaults.keda.fallback.behavior=sometimes"])
+    assert "/workerDefaults/keda/fallback/behavior" in err
+    err = chart.render_error(base, sets=["sentinel.refreshInterval=soon"])
+    assert "/sentinel/refreshInterval" in err
