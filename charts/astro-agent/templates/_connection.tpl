@@ -1,8 +1,8 @@
 {{/*
 The connection settings (Airflow's URLs and credentials, the Sentinel's Postgres URL). Each is a
 secret-or-value setting that the Secret template, the agent and the Sentinel read through the
-helpers here, so a setting's Secret and key are worked out in one place; the checks that the
-required ones are given are at the end.
+helpers here, so a setting's Secret and key are worked out in one place. The checks of the
+settings (which are required, which go together) are at the end.
 */}}
 
 {{/* The Secret holding the Airflow settings given as `value`. */}}
