@@ -6,7 +6,7 @@
 
 use crate::cache::Snapshot;
 use crate::config::WorkerConfig;
-use crate::history::cluster::ClusterSource;
+use crate::pool::ClusterSource;
 use crate::replica_metrics::ReplicaGauges;
 use crate::worker_view::{worker_answer, WorkerAnswer};
 use prometheus::core::Collector;

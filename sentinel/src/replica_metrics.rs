@@ -15,8 +15,8 @@
 //! `kube_horizontalpodautoscaler_spec_{min,max}_replicas`).
 
 use crate::config::WorkerConfig;
-use crate::history::cluster::ClusterSource;
 use crate::metrics::gauge_vec;
+use crate::pool::ClusterSource;
 use prometheus::{IntGaugeVec, Registry};
 use std::sync::{Arc, OnceLock};
 
@@ -104,7 +104,7 @@ impl ReplicaGauges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::cluster::ClusterView;
+    use crate::pool::ClusterView;
     use prometheus::{Encoder, TextEncoder};
 
     struct OneDeployment(ClusterView);

@@ -1,7 +1,7 @@
 //! Kubernetes TokenReview for KEDA's bound service-account tokens.
 //!
 //! The presented token is sent in a TokenReview through the Sentinel's Kubernetes client
-//! ([`crate::cluster::review_client`]), as its own service account. With `audiences`
+//! ([`crate::kubernetes_client::review_client`]), as its own service account. With `audiences`
 //! configured the review asks for them (KEDA >= 2.21 mints its tokens for the audience mapped
 //! in `KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`), so a token minted for another service — or for
 //! the API server itself — does not pass; without, the API server checks its own audience

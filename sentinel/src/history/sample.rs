@@ -1,7 +1,7 @@
 //! One worker's inputs at one refresh, and the states the findings count: running, at its
 //! maximum, waiting for capacity, wanting fewer workers than its minimum.
 
-use super::cluster::ClusterView;
+use crate::pool::ClusterView;
 use crate::worker_view::{wanted_replicas, WorkerBacklog};
 
 /// What the Sentinel saw for one worker at one refresh. Task counts are stored as `u32`

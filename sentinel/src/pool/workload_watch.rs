@@ -6,8 +6,8 @@
 //! server is unreachable; until a first list has completed, or while the watch is failing, the
 //! view is unknown rather than a count of what happens to be cached.
 
+use super::cluster_view::{ClusterSource, ClusterView};
 use super::pod_state::{pod_state, selects, PodState};
-use crate::history::cluster::{ClusterSource, ClusterView};
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;

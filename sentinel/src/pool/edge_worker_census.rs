@@ -7,8 +7,8 @@
 //! delays the backlog KEDA reads. When the list cannot be read, every pool's lines are unknown
 //! until it can (a gap, never a made-up count).
 
+use super::cluster_view::{ClusterSource, ClusterView};
 use crate::backlog_source::BacklogSource;
-use crate::history::cluster::{ClusterSource, ClusterView};
 use airflow::edge_worker_list::{ListedEdgeWorker, Presence};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

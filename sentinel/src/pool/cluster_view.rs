@@ -2,9 +2,12 @@
 //! set, how many run, how many wait for room on the cluster and how many are on their way out.
 //!
 //! The history asks a [`ClusterSource`] once per refresh for every worker: the watch of the
-//! Deployments and pods (`crate::cluster`) inside Kubernetes, Airflow's list of Edge workers
-//! (`crate::edge_worker_census`) outside. A line a source cannot tell is `None`, and the history
+//! Deployments and pods ([`WorkloadWatch`]) inside Kubernetes, Airflow's list of Edge workers
+//! ([`EdgeWorkerCensus`]) outside. A line a source cannot tell is `None`, and the history
 //! reports it as missing instead of drawing it at 0; [`NoClusterSource`] knows no line.
+//!
+//! [`WorkloadWatch`]: super::WorkloadWatch
+//! [`EdgeWorkerCensus`]: super::EdgeWorkerCensus
 
 use serde::{Deserialize, Serialize};
 
