@@ -2,12 +2,10 @@
 //! and the scaling history. [`start`] returns a handle that stops everything; tests use
 //! [`start_with`] to plug in their own source and listener.
 
-use crate::airflow_api_source::AirflowApiSource;
 use crate::api::{handle, AppState};
 use crate::auth::static_tokens::StaticTokens;
 use crate::auth::token_review::{ReviewCounters, TokenReviewer};
 use crate::auth::Authenticator;
-use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
 use crate::config::{Config, ConfigError, WorkerConfig};
 use crate::external_scaler::server as external_scaler_server;
@@ -21,8 +19,10 @@ use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
 use crate::pool::ClusterSource;
 use crate::pool::{DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
-use crate::postgres_source::PostgresSource;
 use crate::refresh_loop::RefreshLoop;
+use crate::sources::airflow_api::AirflowApiSource;
+use crate::sources::postgres::PostgresSource;
+use crate::sources::BacklogSource;
 use http_server::Readiness;
 
 use crate::settings::{KubernetesAccess, Settings, SourceSettings};

@@ -5,7 +5,7 @@
 //! refresh. Requests only clone an `Arc`, so answering KEDA never waits for Airflow; the
 //! external scaler's streams [`subscribe`](BacklogCache::subscribe) to hear of each refresh.
 
-use crate::backlog_source::QueueBacklog;
+use crate::sources::QueueBacklog;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};

@@ -10,11 +10,9 @@
 //! reads that same API. On a port of its own, the [`external_scaler`] serves KEDA's external
 //! scaler gRPC API from the same cache, and pushes activity to KEDA as each refresh lands.
 
-pub mod airflow_api_source;
 pub mod api;
 pub mod app;
 pub mod auth;
-pub mod backlog_source;
 pub mod cache;
 pub mod config;
 pub mod external_scaler;
@@ -22,12 +20,10 @@ pub mod history;
 pub mod kubernetes_client;
 pub mod metrics;
 pub mod pool;
-pub mod postgres_source;
-pub mod postgres_tls;
-pub mod postgres_url;
 pub mod refresh_loop;
 pub mod replica_metrics;
 pub mod settings;
 pub mod shutdown;
+pub mod sources;
 pub mod ui;
 pub mod worker_view;

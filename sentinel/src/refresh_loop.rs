@@ -6,10 +6,10 @@
 //! the upstream is down — the loop backs off (capped) instead of knocking at the interval.
 //! After each refresh, the history records what every worker would be told.
 
-use crate::backlog_source::BacklogSource;
 use crate::cache::{BacklogCache, Snapshot};
 use crate::history::recorder::HistoryRecorder;
 use crate::metrics::Metrics;
+use crate::sources::BacklogSource;
 use airflow::backoff::Backoff;
 use http_server::Readiness;
 use std::collections::HashSet;

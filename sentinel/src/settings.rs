@@ -7,7 +7,7 @@
 
 use crate::config::{Config, ConfigError, PostgresCa, PostgresOptions, SourceConfig};
 use crate::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
-use crate::postgres_url;
+use crate::sources::postgres::connection_url;
 use airflow::rest_api::{CredentialNames, RestCredentials};
 use airflow::secret_file::{value_or_file, SecretError};
 use airflow::trusted_ca::TrustedCa;
@@ -295,7 +295,7 @@ fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSetting
                     "--ca-file: is for source airflow-api; the database's CA is source.postgres.caFile",
                 ));
             }
-            let connection = postgres_url::parse(&url, options.ssl_mode)?;
+            let connection = connection_url::parse(&url, options.ssl_mode)?;
             if let Some(PostgresCa::File(ca)) = &options.ca {
                 if !ca.is_file() {
                     return Err(ConfigError::new(format!(

@@ -220,7 +220,7 @@ fn rfc3339(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backlog_source::QueueBacklog;
+    use crate::sources::QueueBacklog;
 
     /// `tasks` task instances of one slot each.
     fn tasks(queued: u64, running: u64) -> QueueBacklog {

@@ -3,7 +3,6 @@
 //! decisions are the same. Time is tokio's paused clock (the refresh cadence) and a wall clock
 //! derived from it (the history's timestamps): 10 minutes pass in milliseconds.
 
-use astro_sentinel::backlog_source::{BacklogSource, QueueBacklog, QueueOutcome};
 use astro_sentinel::cache::{BacklogCache, Snapshot};
 use astro_sentinel::config::Config;
 use astro_sentinel::history::answer::HistoryAnswer;
@@ -14,6 +13,7 @@ use astro_sentinel::history::store::{History, HistoryData};
 use astro_sentinel::metrics::Metrics;
 use astro_sentinel::pool::NoClusterSource;
 use astro_sentinel::refresh_loop::RefreshLoop;
+use astro_sentinel::sources::{BacklogSource, QueueBacklog, QueueOutcome};
 use futures_util::future::BoxFuture;
 use http_server::Readiness;
 use std::collections::HashMap;

@@ -249,7 +249,7 @@ impl ExternalScaler for ExternalScalerService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backlog_source::QueueBacklog;
+    use crate::sources::QueueBacklog;
     use std::time::SystemTime;
     use tokio_stream::StreamExt;
     use tonic::Code;

@@ -87,8 +87,8 @@ mod tests {
     use super::super::range::HistoryRange;
     use super::super::store::HistoryData;
     use super::*;
-    use crate::backlog_source::QueueBacklog;
     use crate::pool::{ClusterView, NoClusterSource};
+    use crate::sources::QueueBacklog;
     use std::time::{SystemTime, UNIX_EPOCH};
 
     /// A wall clock the test sets.

@@ -11,7 +11,7 @@
 //! API token for this; the Sentinel patches them (RBAC: `patch` on pods in the namespace).
 
 use super::workload_watch::WorkloadWatch;
-use crate::backlog_source::BacklogSource;
+use crate::sources::BacklogSource;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::Api;

@@ -8,7 +8,7 @@
 //! until it can (a gap, never a made-up count).
 
 use super::cluster_view::{ClusterSource, ClusterView};
-use crate::backlog_source::BacklogSource;
+use crate::sources::BacklogSource;
 use airflow::edge_worker_list::{ListedEdgeWorker, Presence};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

@@ -6,15 +6,18 @@
 //! opened lazily and reopened on the next refresh after any failure; the statement is
 //! prepared once per connection, so each refresh is a single round trip.
 
-use crate::backlog_source::{BacklogSource, QueueBacklog, QueueOutcome};
+pub mod connection_url;
+mod tls;
+
 use crate::config::PostgresOptions;
-use crate::postgres_tls::{postgres_tls, PostgresTls};
+use crate::sources::{BacklogSource, QueueBacklog, QueueOutcome};
 use airflow::edge_worker_list::ListedEdgeWorker;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use prometheus::IntCounter;
 use std::collections::HashMap;
 use std::time::Duration;
+use tls::{postgres_tls, PostgresTls};
 use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};

@@ -21,7 +21,7 @@
 //! backlog whose pages keep coming is read to the end, however long that takes (pick a
 //! staleness limit above it: values are dated from the start of the read).
 
-use crate::backlog_source::{BacklogSource, QueueBacklog, QueueOutcome};
+use crate::sources::{BacklogSource, QueueBacklog, QueueOutcome};
 use airflow::edge_worker_list::ListedEdgeWorker;
 use airflow::rest_api::{ListedTaskInstance, RestApiClient, RestCredentials, TaskInstancePage};
 use airflow::trusted_ca::TrustedCa;

@@ -2,11 +2,14 @@
 //! and running task instances — as tasks, as task slots (Σ `pool_slots`), and how long the
 //! oldest queued one has waited — or, per queue, why it could not.
 //!
-//! Two implementations: [`crate::airflow_api_source`] (Airflow's REST API, listing the
-//! queue's queued and running task instances page by page) and [`crate::postgres_source`]
+//! Two implementations: [`airflow_api`] (Airflow's REST API, listing the
+//! queue's queued and running task instances page by page) and [`postgres`]
 //! (one `GROUP BY` over the metadata database for all queues at once). The refresh loop calls
 //! [`BacklogSource::fetch`] once per interval with every distinct queue, however many workers
 //! share a queue and however often KEDA asks.
+
+pub mod airflow_api;
+pub mod postgres;
 
 use airflow::edge_worker_list::ListedEdgeWorker;
 use futures_util::future::BoxFuture;
