@@ -15,13 +15,13 @@
 //! deliberately absent.
 
 use crate::auth::{Authenticator, Decision};
-use crate::cache::BacklogCache;
+use crate::backlog::cache::BacklogCache;
+use crate::backlog::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
 use crate::config::WorkerConfig;
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
 use crate::ui;
-use crate::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
 use bytes::Bytes;
 use http_body_util::Full;
 use http_server::Readiness;

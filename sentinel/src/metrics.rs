@@ -4,11 +4,11 @@
 //! per-queue gauges are computed from the cache when `/metrics` is scraped, so ages are exact
 //! and a worker without fresh data has no backlog series at all (absent, not 0).
 
-use crate::cache::Snapshot;
+use crate::backlog::cache::Snapshot;
+use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
 use crate::config::WorkerConfig;
 use crate::pool::ClusterSource;
 use crate::replica_metrics::ReplicaGauges;
-use crate::worker_view::{worker_answer, WorkerAnswer};
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,

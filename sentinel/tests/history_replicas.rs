@@ -3,7 +3,8 @@
 //! decisions are the same. Time is tokio's paused clock (the refresh cadence) and a wall clock
 //! derived from it (the history's timestamps): 10 minutes pass in milliseconds.
 
-use astro_sentinel::cache::{BacklogCache, Snapshot};
+use astro_sentinel::backlog::cache::{BacklogCache, Snapshot};
+use astro_sentinel::backlog::refresh_loop::RefreshLoop;
 use astro_sentinel::config::Config;
 use astro_sentinel::history::answer::HistoryAnswer;
 use astro_sentinel::history::clock::WallClock;
@@ -12,7 +13,6 @@ use astro_sentinel::history::recorder::{HistoryRecorder, RecorderInputs};
 use astro_sentinel::history::store::{History, HistoryData};
 use astro_sentinel::metrics::Metrics;
 use astro_sentinel::pool::NoClusterSource;
-use astro_sentinel::refresh_loop::RefreshLoop;
 use astro_sentinel::sources::{BacklogSource, QueueBacklog, QueueOutcome};
 use futures_util::future::BoxFuture;
 use http_server::Readiness;

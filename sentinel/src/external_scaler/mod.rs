@@ -11,7 +11,7 @@
 //!   a client certificate signed by `--external-scaler-client-ca`.
 //! * [`server`]: serves it on its own port until shutdown.
 //!
-//! [`worker_answer`]: crate::worker_view::worker_answer
+//! [`worker_answer`]: crate::backlog::worker_view::worker_answer
 
 pub mod server;
 pub mod service;

@@ -8,9 +8,9 @@ use super::proto::{
     GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec,
     MetricValue, ScaledObjectRef,
 };
-use crate::cache::{BacklogCache, Snapshot};
+use crate::backlog::cache::{BacklogCache, Snapshot};
+use crate::backlog::worker_view::{worker_answer, WorkerAnswer, WorkerBacklog};
 use crate::config::WorkerConfig;
-use crate::worker_view::{worker_answer, WorkerAnswer, WorkerBacklog};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -9,10 +9,10 @@
 use super::decisions::DecisionSource;
 use super::sample::Sample;
 use super::store::History;
-use crate::cache::Snapshot;
+use crate::backlog::cache::Snapshot;
+use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
 use crate::config::WorkerConfig;
 use crate::pool::ClusterSource;
-use crate::worker_view::{worker_answer, WorkerAnswer};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

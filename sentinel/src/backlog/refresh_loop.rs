@@ -6,7 +6,7 @@
 //! the upstream is down — the loop backs off (capped) instead of knocking at the interval.
 //! After each refresh, the history records what every worker would be told.
 
-use crate::cache::{BacklogCache, Snapshot};
+use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::history::recorder::HistoryRecorder;
 use crate::metrics::Metrics;
 use crate::sources::BacklogSource;

@@ -4,7 +4,7 @@
 //! staleness limit. Anything else is an explicit "unavailable" (HTTP 503), never a made-up 0:
 //! KEDA treats an error as "keep the pool" (its fallback), but a 0 as "scale it away".
 
-use crate::cache::Snapshot;
+use crate::backlog::cache::Snapshot;
 use crate::config::WorkerConfig;
 use serde::Serialize;
 use std::time::{Duration, Instant, SystemTime};
