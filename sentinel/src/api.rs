@@ -17,7 +17,7 @@
 use crate::auth::{Authenticator, Decision};
 use crate::backlog::cache::BacklogCache;
 use crate::backlog::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;

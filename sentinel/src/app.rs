@@ -8,7 +8,8 @@ use crate::auth::token_review::{ReviewCounters, TokenReviewer};
 use crate::auth::Authenticator;
 use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::backlog::refresh_loop::RefreshLoop;
-use crate::config::{Config, ConfigError, WorkerConfig};
+use crate::config::file::{Config, WorkerConfig};
+use crate::config::ConfigError;
 use crate::external_scaler::server as external_scaler_server;
 use crate::external_scaler::service::ExternalScalerService;
 use crate::history::clock::SystemClock;
@@ -25,7 +26,7 @@ use crate::sources::postgres::PostgresSource;
 use crate::sources::BacklogSource;
 use http_server::Readiness;
 
-use crate::settings::{KubernetesAccess, Settings, SourceSettings};
+use crate::config::flags::{KubernetesAccess, Settings, SourceSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;

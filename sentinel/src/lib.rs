@@ -22,7 +22,6 @@ pub mod kubernetes_client;
 pub mod metrics;
 pub mod pool;
 pub mod replica_metrics;
-pub mod settings;
 pub mod shutdown;
 pub mod sources;
 pub mod ui;

@@ -6,7 +6,7 @@
 
 use crate::backlog::cache::Snapshot;
 use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use crate::pool::ClusterSource;
 use crate::replica_metrics::ReplicaGauges;
 use prometheus::core::Collector;

@@ -14,7 +14,7 @@
 //! on the pod counts (compare kube-state-metrics' `kube_deployment_spec_replicas` and
 //! `kube_horizontalpodautoscaler_spec_{min,max}_replicas`).
 
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use crate::metrics::gauge_vec;
 use crate::pool::ClusterSource;
 use prometheus::{IntGaugeVec, Registry};

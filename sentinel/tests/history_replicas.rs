@@ -5,7 +5,7 @@
 
 use astro_sentinel::backlog::cache::{BacklogCache, Snapshot};
 use astro_sentinel::backlog::refresh_loop::RefreshLoop;
-use astro_sentinel::config::Config;
+use astro_sentinel::config::file::Config;
 use astro_sentinel::history::answer::HistoryAnswer;
 use astro_sentinel::history::clock::WallClock;
 use astro_sentinel::history::range::HistoryRange;

@@ -5,7 +5,7 @@
 //! KEDA treats an error as "keep the pool" (its fallback), but a 0 as "scale it away".
 
 use crate::backlog::cache::Snapshot;
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use serde::Serialize;
 use std::time::{Duration, Instant, SystemTime};
 

@@ -10,7 +10,7 @@ use super::proto::{
 };
 use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::backlog::worker_view::{worker_answer, WorkerAnswer, WorkerBacklog};
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -14,7 +14,7 @@ use super::decisions::MAX_DECISIONS;
 use super::store::{History, HistoryData};
 use super::tier::{TierSpec, TIERS};
 use super::worker_history::WorkerHistory;
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

@@ -11,7 +11,7 @@ use super::sample::Sample;
 use super::store::History;
 use crate::backlog::cache::Snapshot;
 use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use crate::pool::ClusterSource;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

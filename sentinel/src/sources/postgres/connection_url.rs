@@ -6,7 +6,8 @@
 //! `sslmode=disable` can never silently weaken (or be silently overridden by) the file.
 //! `sslrootcert` is refused outright: its file would not be read.
 
-use crate::config::{ConfigError, SslMode};
+use crate::config::file::SslMode;
+use crate::config::ConfigError;
 use std::str::FromStr;
 
 const FLAG: &str = "ASTRO_SENTINEL_POSTGRES_URL";

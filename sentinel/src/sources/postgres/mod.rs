@@ -9,7 +9,7 @@
 pub mod connection_url;
 mod tls;
 
-use crate::config::PostgresOptions;
+use crate::config::file::PostgresOptions;
 use crate::sources::{BacklogSource, QueueBacklog, QueueOutcome};
 use airflow::edge_worker_list::ListedEdgeWorker;
 use futures_util::future::BoxFuture;

@@ -8,10 +8,10 @@
 //! | `verify-ca`   | always              | chain against caFile                               |
 //! | `verify-full` | always              | chain against caFile (or the system's roots) and host name |
 //!
-//! The configuration guarantees a CA for the verify modes (see `config::postgres_options`).
+//! The configuration guarantees a CA for the verify modes (see `config::file::postgres_options`).
 //! The crypto provider is passed explicitly (ring), so nothing depends on a process default.
 
-use crate::config::{PostgresCa, PostgresOptions, SslMode};
+use crate::config::file::{PostgresCa, PostgresOptions, SslMode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};

@@ -5,6 +5,7 @@
 //! [`Config`] whose values are known to be usable. Workers are parsed one by one so that even
 //! a typo in a key can name the worker it sits in. Durations are humantime's (`2s`, `1m30s`).
 
+use super::ConfigError;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -12,19 +13,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use url::Url;
-
-/// A configuration problem, described in one line that names the worker and/or field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
-
-impl ConfigError {
-    pub fn new(message: impl Into<String>) -> Self {
-        // One line, whatever the underlying parser produced.
-        let message: String = message.into();
-        ConfigError(message.split_whitespace().collect::<Vec<_>>().join(" "))
-    }
-}
 
 /// The validated configuration.
 #[derive(Debug, Clone)]

@@ -5,7 +5,8 @@
 //! are read from files (`--airflow-token-file` and the like, what the chart mounts) or from
 //! the environment, and Kubernetes credentials from the service-account files.
 
-use crate::config::{Config, ConfigError, PostgresCa, PostgresOptions, SourceConfig};
+use crate::config::file::{Config, PostgresCa, PostgresOptions, SourceConfig};
+use crate::config::ConfigError;
 use crate::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
 use crate::sources::postgres::connection_url;
 use airflow::rest_api::{CredentialNames, RestCredentials};
@@ -123,7 +124,8 @@ pub struct Settings {
     pub config: Config,
     pub listen: SocketAddr,
     pub source: SourceSettings,
-    /// Set when `auth.tokenReview` is configured.
+    /// Set when `auth.tokenReview` (auth not disabled) or the `kubernetes` section needs the
+    /// API server.
     pub kubernetes: Option<KubernetesAccess>,
     /// Set when KEDA's external scaler API is served (`--external-scaler-listen`).
     pub external_scaler: Option<ExternalScalerSettings>,
