@@ -2,16 +2,10 @@
 //! and the scaling history. [`start`] returns a handle that stops everything; tests use
 //! [`start_with`] to plug in their own source and listener.
 
-use crate::api::{handle, AppState};
-use crate::auth::static_tokens::StaticTokens;
-use crate::auth::token_review::{ReviewCounters, TokenReviewer};
-use crate::auth::Authenticator;
 use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::backlog::refresh_loop::RefreshLoop;
 use crate::config::file::{Config, WorkerConfig};
 use crate::config::ConfigError;
-use crate::external_scaler::server as external_scaler_server;
-use crate::external_scaler::service::ExternalScalerService;
 use crate::history::clock::SystemClock;
 use crate::history::instance::instance_name;
 use crate::history::persist;
@@ -21,6 +15,12 @@ use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
 use crate::pool::ClusterSource;
 use crate::pool::{DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
+use crate::serve::api::{handle, AppState};
+use crate::serve::auth::static_tokens::StaticTokens;
+use crate::serve::auth::token_review::{ReviewCounters, TokenReviewer};
+use crate::serve::auth::Authenticator;
+use crate::serve::external_scaler::server as external_scaler_server;
+use crate::serve::external_scaler::service::ExternalScalerService;
 use crate::sources::airflow_api::AirflowApiSource;
 use crate::sources::postgres::PostgresSource;
 use crate::sources::BacklogSource;

@@ -3,25 +3,21 @@
 //!
 //! Data flows one way: a backlog source ([`sources`]) is read by the refresh loop once per
 //! interval for every distinct queue; results land in the cache ([`backlog`]); requests
-//! ([`api`], guarded by [`auth`]) compute each worker's answer from the cache and never reach
+//! ([`serve::api`], guarded by [`serve::auth`]) compute each worker's answer from the cache and never reach
 //! Airflow. A worker whose data is missing or older than the staleness limit answers 503 —
 //! never a made-up 0. After each refresh the [`history`] records what every worker would be
 //! told and what the [`pool`] view says of its workers, for `GET /v1/workers/{name}/history`;
-//! the page at `/ui/` ([`ui`]) reads that same API. On a port of its own, the
-//! [`external_scaler`] serves KEDA's external scaler gRPC API from the same cache, and pushes
+//! the page at `/ui/` ([`serve::ui`]) reads that same API. On a port of its own, the
+//! [`serve::external_scaler`] serves KEDA's external scaler gRPC API from the same cache, and pushes
 //! activity to KEDA as each refresh lands.
 
-pub mod api;
 pub mod app;
-pub mod auth;
 pub mod backlog;
 pub mod config;
-pub mod external_scaler;
 pub mod history;
 pub mod kubernetes_client;
 pub mod metrics;
 pub mod pool;
-pub mod replica_metrics;
+pub mod serve;
 pub mod shutdown;
 pub mod sources;
-pub mod ui;

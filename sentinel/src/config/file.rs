@@ -1,7 +1,7 @@
 //! The configuration file (YAML, camelCase keys, unknown keys rejected) and its validation.
 //!
 //! Parsing happens in two steps so that every error is one line naming what is wrong: the file
-//! is first read into raw structs that mirror its shape, then [`validate`] turns them into a
+//! is first read into raw structs that mirror its shape, then `validate` turns them into a
 //! [`Config`] whose values are known to be usable. Workers are parsed one by one so that even
 //! a typo in a key can name the worker it sits in. Durations are humantime's (`2s`, `1m30s`).
 

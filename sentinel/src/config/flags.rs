@@ -7,7 +7,7 @@
 
 use crate::config::file::{Config, PostgresCa, PostgresOptions, SourceConfig};
 use crate::config::ConfigError;
-use crate::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
+use crate::serve::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
 use crate::sources::postgres::connection_url;
 use airflow::rest_api::{CredentialNames, RestCredentials};
 use airflow::secret_file::{value_or_file, SecretError};

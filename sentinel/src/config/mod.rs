@@ -1,7 +1,8 @@
-//! What the Sentinel runs with, in two layers: the configuration [`file`] (YAML: workers,
-//! source, auth, intervals, the pool view, the history) and the command-line [`flags`] (each
-//! also an `ASTRO_SENTINEL_<FLAG>` variable: addresses, secrets, access to the Kubernetes API),
-//! which [`flags::Settings`] combines with the file. Secrets are never in the file.
+//! What the Sentinel runs with, in two layers: the configuration [`file`](mod@file) (YAML:
+//! workers, source, auth, intervals, the pool view, the history) and the command-line
+//! [`flags`] (each also an `ASTRO_SENTINEL_<FLAG>` variable: addresses, secrets, access to the
+//! Kubernetes API), which [`flags::Settings`] combines with the file. Secrets are never in the
+//! file.
 
 pub mod file;
 pub mod flags;

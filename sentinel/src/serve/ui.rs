@@ -18,7 +18,7 @@
 //! with the previous version's script. The Content-Security-Policy allows nothing but this
 //! origin's own script, style sheet and API.
 
-use crate::api::Body;
+use crate::serve::api::Body;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{
@@ -45,17 +45,17 @@ const ASSETS: [Asset; 3] = [
     Asset {
         name: "",
         content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../ui/index.html"),
+        body: include_bytes!("../../ui/index.html"),
     },
     Asset {
         name: "app.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/app.js"),
+        body: include_bytes!("../../ui/app.js"),
     },
     Asset {
         name: "app.css",
         content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../ui/app.css"),
+        body: include_bytes!("../../ui/app.css"),
     },
 ];
 

@@ -4,16 +4,18 @@
 //! per-queue gauges are computed from the cache when `/metrics` is scraped, so ages are exact
 //! and a worker without fresh data has no backlog series at all (absent, not 0).
 
+pub mod replicas;
+
 use crate::backlog::cache::Snapshot;
 use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
 use crate::config::file::WorkerConfig;
 use crate::pool::ClusterSource;
-use crate::replica_metrics::ReplicaGauges;
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
+use replicas::ReplicaGauges;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

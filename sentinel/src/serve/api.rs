@@ -8,20 +8,20 @@
 //! | `GET /metrics`        | no   | Prometheus text format                                     |
 //! | `GET /healthz`        | no   | 200 while the process serves                               |
 //! | `GET /readyz`         | no   | 200 after the first successful refresh, else 503           |
-//! | `GET /ui/…`           | no   | the page ([`crate::ui`]); its own calls to `/v1` need auth |
+//! | `GET /ui/…`           | no   | the page ([`crate::serve::ui`]); its own calls to `/v1` need auth |
 //!
 //! Other methods get 405, requests with a body 413; every error body is JSON `{"error": …}`.
 //! KEDA's `metrics-api` scaler sends a bare GET (no `Accept`), so content negotiation is
 //! deliberately absent.
 
-use crate::auth::{Authenticator, Decision};
 use crate::backlog::cache::BacklogCache;
 use crate::backlog::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
 use crate::config::file::WorkerConfig;
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
-use crate::ui;
+use crate::serve::auth::{Authenticator, Decision};
+use crate::serve::ui;
 use bytes::Bytes;
 use http_body_util::Full;
 use http_server::Readiness;
