@@ -1,14 +1,6 @@
-//! What each request gets: routing, auth for `/v1/*`, JSON answers and errors.
+//! What each request gets: auth for `/v1/*`, JSON answers and errors.
 //!
-//! | path                  | auth | answer                                                     |
-//! | --------------------- | ---- | ---------------------------------------------------------- |
-//! | `GET /v1/workers/{n}` | yes  | 200 backlog JSON; 404 unknown; 503 stale / not loaded yet  |
-//! | `GET /v1/workers`     | yes  | 200 `{"workers": [...]}`, each with `available`            |
-//! | `GET /v1/workers/{n}/history?range=` | yes | 200 scaling history; 400 bad `range`; 404  |
-//! | `GET /metrics`        | no   | Prometheus text format                                     |
-//! | `GET /healthz`        | no   | 200 while the process serves                               |
-//! | `GET /readyz`         | no   | 200 after the first successful refresh, else 503           |
-//! | `GET /ui/…`           | no   | the page ([`crate::serve::ui`]); its own calls to `/v1` need auth |
+//! Which path goes where is in [`routes`](super::routes).
 //!
 //! Other methods get 405, requests with a body 413; every error body is JSON `{"error": …}`.
 //! KEDA's `metrics-api` scaler sends a bare GET (no `Accept`), so content negotiation is
@@ -21,6 +13,7 @@ use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
 use crate::serve::auth::{Authenticator, Decision};
+use crate::serve::routes::{Route, V1Route};
 use crate::serve::ui;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -99,21 +92,8 @@ async fn route<B: hyper::body::Body>(
     req: &Request<B>,
 ) -> (&'static str, Response<Body>) {
     let path = req.uri().path();
-    let handler = match path {
-        "/healthz" => "healthz",
-        "/readyz" => "readyz",
-        "/metrics" => "metrics",
-        "/v1/workers" => "workers",
-        p if p
-            .strip_prefix("/v1/workers/")
-            .is_some_and(|name| name.ends_with(HISTORY_SUFFIX)) =>
-        {
-            "history"
-        }
-        p if p.starts_with("/v1/workers/") => "worker",
-        p if p == "/ui" || p.starts_with("/ui/") => "ui",
-        _ => "other",
-    };
+    let route = Route::parse(path);
+    let handler = route.handler();
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -133,9 +113,9 @@ async fn route<B: hyper::body::Body>(
             ),
         );
     }
-    let response = match handler {
-        "healthz" => text(StatusCode::OK, "ok\n"),
-        "readyz" => {
+    let response = match route {
+        Route::Healthz => text(StatusCode::OK, "ok\n"),
+        Route::Readyz => {
             if state.readiness.get() {
                 text(StatusCode::OK, "ready\n")
             } else {
@@ -145,7 +125,7 @@ async fn route<B: hyper::body::Body>(
                 )
             }
         }
-        "metrics" => {
+        Route::Metrics => {
             let body = state.metrics.render(
                 &state.cache.snapshot(),
                 &state.workers,
@@ -154,53 +134,51 @@ async fn route<B: hyper::body::Body>(
             );
             respond(StatusCode::OK, PROMETHEUS_TEXT, body.into())
         }
-        "ui" => {
+        Route::Ui => {
             let if_none_match = req.headers().get(IF_NONE_MATCH).map(|v| v.as_bytes());
             ui::answer(path, if_none_match)
                 .unwrap_or_else(|| error(StatusCode::NOT_FOUND, format!("no such file: {path}")))
         }
-        "workers" | "worker" | "history" => {
+        Route::V1(v1) => {
             let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
             match state.auth.check(authorization).await {
-                Decision::Allow => {
-                    let name = path.strip_prefix("/v1/workers/").unwrap_or_default();
-                    match handler {
-                        "workers" => list(state),
-                        "history" => history(
-                            state,
-                            name.strip_suffix(HISTORY_SUFFIX).unwrap_or_default(),
-                            req.uri().query(),
-                        ),
-                        _ => one(state, name),
-                    }
-                }
-                Decision::Unauthorized(message) => {
-                    let mut r = error(StatusCode::UNAUTHORIZED, message);
-                    r.headers_mut().insert(
-                        WWW_AUTHENTICATE,
-                        HeaderValue::from_static("Bearer realm=\"astro-sentinel\""),
-                    );
-                    r
-                }
+                Decision::Allow => match v1 {
+                    V1Route::Workers => list(state),
+                    V1Route::Worker(name) => one(state, name),
+                    V1Route::History(name) => history(state, name, req.uri().query()),
+                },
+                Decision::Unauthorized(message) => unauthorized(message),
                 Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
                 Decision::Unavailable {
                     message,
                     retry_after,
-                } => {
-                    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, message);
-                    if let Some(wait) = retry_after {
-                        // Whole seconds, at least one: a zero would invite an immediate retry.
-                        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-                        r.headers_mut()
-                            .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
-                    }
-                    r
-                }
+                } => auth_unavailable(message, retry_after),
             }
         }
-        _ => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
+        Route::Other => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
     };
     (handler, response)
+}
+
+fn unauthorized(message: String) -> Response<Body> {
+    let mut r = error(StatusCode::UNAUTHORIZED, message);
+    r.headers_mut().insert(
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"astro-sentinel\""),
+    );
+    r
+}
+
+/// The token could not be checked right now.
+fn auth_unavailable(message: String, retry_after: Option<Duration>) -> Response<Body> {
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, message);
+    if let Some(wait) = retry_after {
+        // Whole seconds, at least one: a zero would invite an immediate retry.
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        r.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    }
+    r
 }
 
 fn one(state: &AppState, name: &str) -> Response<Body> {
@@ -218,8 +196,6 @@ fn one(state: &AppState, name: &str) -> Response<Body> {
         WorkerAnswer::Unavailable(u) => json(StatusCode::SERVICE_UNAVAILABLE, &u),
     }
 }
-
-const HISTORY_SUFFIX: &str = "/history";
 
 /// `GET /v1/workers/{name}/history?range=15m|1h|6h|1d|7d|14d` (default `1d`).
 fn history(state: &AppState, name: &str, query: Option<&str>) -> Response<Body> {
