@@ -30,8 +30,8 @@ use crate::config::flags::{KubernetesAccess, Settings, SourceSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::transport::ServerTlsConfig;
 
 /// Why the Sentinel could not start: bad configuration (exit 2) or anything else (exit 1).
@@ -46,7 +46,9 @@ pub enum StartError {
 /// A started Sentinel.
 pub struct Running {
     addr: SocketAddr,
-    shutdown: watch::Sender<bool>,
+    shutdown: CancellationToken,
+    /// A handle dropped without [`Running::stop`] (a test that ends) still stops every task.
+    _stop_on_drop: DropGuard,
     tasks: Vec<JoinHandle<()>>,
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
@@ -77,10 +79,9 @@ impl Running {
             &self.workers,
             self.cache.clone(),
             self.staleness_limit,
-            self.shutdown.subscribe(),
+            self.shutdown.clone(),
         );
-        let task =
-            external_scaler_server::spawn(listener, tls, service, self.shutdown.subscribe())?;
+        let task = external_scaler_server::spawn(listener, tls, service, self.shutdown.clone())?;
         self.tasks.push(task);
         tracing::info!(%addr, tls = tls_enabled, "serving KEDA's external scaler API");
         Ok(addr)
@@ -88,7 +89,7 @@ impl Running {
 
     /// Stops accepting, drains in-flight requests, stops the refresh loop.
     pub async fn stop(self) {
-        let _ = self.shutdown.send(true);
+        self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;
         }
@@ -168,7 +169,7 @@ pub async fn start_with(
     metrics: Arc<Metrics>,
     listener: TcpListener,
 ) -> Result<Running, StartError> {
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
 
     let auth = if config.auth.disabled {
@@ -188,7 +189,7 @@ pub async fn start_with(
                     tracing::warn!(path = %path.display(), "the static tokens file holds no token");
                 }
                 let tokens = Arc::new(tokens);
-                tasks.push(tokio::spawn(tokens.clone().watch(shutdown_rx.clone())));
+                tasks.push(tokio::spawn(tokens.clone().watch(shutdown.clone())));
                 Some(tokens)
             }
         };
@@ -246,7 +247,7 @@ pub async fn start_with(
         tasks.push(tokio::spawn(persist::keep_saved(
             history.clone(),
             path.clone(),
-            shutdown_rx.clone(),
+            shutdown.clone(),
         )));
     }
     let workers: Vec<(String, Vec<String>)> = config
@@ -266,7 +267,7 @@ pub async fn start_with(
         let watch = Arc::new(WorkloadWatch::start(
             client.clone(),
             &k8s.namespace,
-            shutdown_rx.clone(),
+            shutdown.clone(),
         ));
         tracing::info!(namespace = %k8s.namespace, idle_first_scale_in = k8s.idle_first_scale_in, "watching worker Deployments and pods");
         if k8s.idle_first_scale_in {
@@ -278,7 +279,7 @@ pub async fn start_with(
                 interval: config.refresh_interval,
                 patches: metrics.pod_deletion_cost_patches.clone(),
             };
-            tasks.push(tokio::spawn(costs.run(shutdown_rx.clone())));
+            tasks.push(tokio::spawn(costs.run(shutdown.clone())));
         }
         watch
     } else {
@@ -287,7 +288,7 @@ pub async fn start_with(
             workers,
             config.refresh_interval,
         ));
-        tasks.push(tokio::spawn(census.clone().run(shutdown_rx.clone())));
+        tasks.push(tokio::spawn(census.clone().run(shutdown.clone())));
         census
     };
 
@@ -312,7 +313,7 @@ pub async fn start_with(
         staleness_limit: config.staleness_limit,
         history: recorder,
     };
-    tasks.push(tokio::spawn(refresh.run(shutdown_rx.clone())));
+    tasks.push(tokio::spawn(refresh.run(shutdown.clone())));
 
     let addr = listener
         .local_addr()
@@ -327,7 +328,6 @@ pub async fn start_with(
         readiness.clone(),
         history,
     ));
-    let mut stop = shutdown_rx;
     let handler = move |req| {
         let state = state.clone();
         async move { handle(&state, req).await }
@@ -336,15 +336,14 @@ pub async fn start_with(
         listener,
         http_server::Limits::default(),
         handler,
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        },
+        shutdown.clone().cancelled_owned(),
     )));
     tracing::info!(%addr, "listening");
 
     Ok(Running {
         addr,
-        shutdown: shutdown_tx,
+        _stop_on_drop: shutdown.clone().drop_guard(),
+        shutdown,
         tasks,
         metrics,
         readiness,

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// The backlog both replicas read: what the test sets, answered at once.
 #[derive(Default)]
@@ -118,8 +119,19 @@ fn start_replica(
             },
         ),
     };
-    tokio::spawn(refresh.run(shutdown));
+    tokio::spawn(refresh.run(cancelled_on_true(shutdown)));
     history
+}
+
+/// The loop stops on a token; this test stops its replicas with one watch channel.
+fn cancelled_on_true(mut shutdown: watch::Receiver<bool>) -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+        cancel.cancel();
+    });
+    token
 }
 
 fn answer(history: &History) -> HistoryAnswer {

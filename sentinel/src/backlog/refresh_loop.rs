@@ -15,7 +15,7 @@ use http_server::Readiness;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub struct RefreshLoop {
     pub source: Arc<dyn BacklogSource>,
@@ -43,19 +43,19 @@ struct Logged {
 }
 
 impl RefreshLoop {
-    /// Runs until `shutdown` turns true (or its sender is dropped).
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.interval, MAX_BACKOFF.max(self.interval));
         let mut logged = Logged::default();
         loop {
-            if *shutdown.borrow() {
+            if shutdown.is_cancelled() {
                 return;
             }
             // Tokio's clock, so that a test with paused time drives the cadence.
             let started = tokio::time::Instant::now();
             let all_failed = tokio::select! {
                 all_failed = self.refresh_once(&mut logged) => all_failed,
-                _ = shutdown.changed() => return,
+                _ = shutdown.cancelled() => return,
             };
             let pause = if all_failed {
                 backoff.next_delay().max(self.interval)
@@ -67,7 +67,7 @@ impl RefreshLoop {
             // does not stretch the cadence (and a very slow one is simply read back to back).
             tokio::select! {
                 _ = tokio::time::sleep_until(started + pause) => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }

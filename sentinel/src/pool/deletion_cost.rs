@@ -19,7 +19,7 @@ use prometheus::IntCounterVec;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
@@ -35,7 +35,7 @@ pub struct DeletionCostLoop {
 }
 
 impl DeletionCostLoop {
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: CancellationToken) {
         let queues: Vec<String> = {
             let mut all: Vec<String> = self.workers.iter().flat_map(|(_, q)| q.clone()).collect();
             all.sort();
@@ -65,7 +65,7 @@ impl DeletionCostLoop {
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.interval) => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }

@@ -13,7 +13,7 @@ use airflow::edge_worker_list::{ListedEdgeWorker, Presence};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub struct EdgeWorkerCensus {
     source: Arc<dyn BacklogSource>,
@@ -37,7 +37,7 @@ impl EdgeWorkerCensus {
         }
     }
 
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut failing = false;
         loop {
             let views = match self.source.edge_workers().await {
@@ -62,7 +62,7 @@ impl EdgeWorkerCensus {
             *self.views.write().unwrap_or_else(|p| p.into_inner()) = views;
             tokio::select! {
                 _ = tokio::time::sleep(self.interval) => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }

@@ -16,7 +16,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tokio::sync::watch as signal;
+use tokio_util::sync::CancellationToken;
 
 pub struct WorkloadWatch {
     namespace: String,
@@ -27,8 +27,8 @@ pub struct WorkloadWatch {
 }
 
 impl WorkloadWatch {
-    /// Starts both watches; they run until `shutdown` turns true.
-    pub fn start(client: Client, namespace: &str, shutdown: signal::Receiver<bool>) -> Self {
+    /// Starts both watches; they run until `shutdown` is cancelled.
+    pub fn start(client: Client, namespace: &str, shutdown: CancellationToken) -> Self {
         let (deployments, deployments_healthy) = follow(
             Api::<Deployment>::namespaced(client.clone(), namespace),
             shutdown.clone(),
@@ -117,7 +117,7 @@ impl ClusterSource for WorkloadWatch {
 
 /// A reflector over `api`: its store, and whether it holds a complete, current picture (a first
 /// list done and no error since the last successful event).
-fn follow<K>(api: Api<K>, mut shutdown: signal::Receiver<bool>) -> (Store<K>, Arc<AtomicBool>)
+fn follow<K>(api: Api<K>, shutdown: CancellationToken) -> (Store<K>, Arc<AtomicBool>)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -138,7 +138,7 @@ where
         loop {
             let event = tokio::select! {
                 event = stream.next() => event,
-                _ = shutdown.changed() => return,
+                _ = shutdown.cancelled() => return,
             };
             match event {
                 Some(Ok(watcher::Event::InitDone))

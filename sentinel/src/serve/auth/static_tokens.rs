@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use subtle::{Choice, ConstantTimeEq};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub type TokenHash = [u8; 32];
 
@@ -87,13 +87,13 @@ impl StaticTokens {
         Ok(Some(n))
     }
 
-    /// Checks the file every [`RELOAD_CHECK_INTERVAL`] until `shutdown` turns true.
-    pub async fn watch(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    /// Checks the file every [`RELOAD_CHECK_INTERVAL`] until `shutdown` is cancelled.
+    pub async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
         let mut failing = false;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(RELOAD_CHECK_INTERVAL) => {}
-                _ = shutdown.changed() => return,
+                _ = shutdown.cancelled() => return,
             }
             match self.reload_if_changed() {
                 Ok(Some(n)) => {

@@ -15,9 +15,10 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 /// The trigger metadata key that names the worker.
@@ -36,8 +37,8 @@ pub struct ExternalScalerService {
     workers: HashMap<String, WorkerConfig>,
     cache: Arc<BacklogCache>,
     staleness_limit: Duration,
-    /// Turns true when the Sentinel stops: open streams end so that shutdown is not held.
-    shutdown: watch::Receiver<bool>,
+    /// Cancelled when the Sentinel stops: open streams end so that shutdown is not held.
+    shutdown: CancellationToken,
 }
 
 /// The worker a request is about, and its activation threshold.
@@ -52,7 +53,7 @@ impl ExternalScalerService {
         workers: &[WorkerConfig],
         cache: Arc<BacklogCache>,
         staleness_limit: Duration,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) -> Self {
         ExternalScalerService {
             workers: workers
@@ -121,11 +122,6 @@ fn is_active(
     Ok(b.backlog as f64 > target.activation)
 }
 
-/// Resolves once `shutdown` turns true (or its sender is gone).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
-
 type ActivityStream = Pin<Box<dyn Stream<Item = Result<IsActiveResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -157,7 +153,7 @@ impl ExternalScaler for ExternalScalerService {
         )?;
         let (tx, rx) = mpsc::channel(1);
         let staleness_limit = self.staleness_limit;
-        let mut shutdown = self.shutdown.clone();
+        let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let mut last = first;
             if tx
@@ -171,7 +167,7 @@ impl ExternalScaler for ExternalScalerService {
                 tokio::select! {
                     changed = refreshes.changed() => if changed.is_err() { return },
                     _ = tokio::time::sleep(RECHECK) => {}
-                    _ = stopped(&mut shutdown) => {
+                    _ = shutdown.cancelled() => {
                         let _ = tx.send(Err(Status::unavailable("the Sentinel is stopping"))).await;
                         return;
                     }
@@ -280,14 +276,14 @@ mod tests {
     struct Fixture {
         service: ExternalScalerService,
         cache: Arc<BacklogCache>,
-        stop: watch::Sender<bool>,
+        stop: CancellationToken,
     }
 
     fn fixture() -> Fixture {
         let cache = Arc::new(BacklogCache::new(Snapshot::empty(&["q".to_string()])));
-        let (stop, shutdown) = watch::channel(false);
+        let stop = CancellationToken::new();
         let service =
-            ExternalScalerService::new(&[worker("w", "q")], cache.clone(), LIMIT, shutdown);
+            ExternalScalerService::new(&[worker("w", "q")], cache.clone(), LIMIT, stop.clone());
         Fixture {
             service,
             cache,
@@ -433,7 +429,7 @@ mod tests {
             .unwrap()
             .into_inner();
         assert_eq!(next_pushed(&mut stream).await, Some(Ok(true)));
-        f.stop.send_replace(true);
+        f.stop.cancel();
         assert_eq!(next_pushed(&mut stream).await, Some(Err(Code::Unavailable)));
         assert!(stream.next().await.is_none());
     }
