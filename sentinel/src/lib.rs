@@ -3,13 +3,17 @@
 //!
 //! Data flows one way: a backlog source ([`sources`]) is read by the refresh loop once per
 //! interval for every distinct queue; results land in the cache ([`backlog`]); requests
-//! ([`serve::api`], guarded by [`serve::auth`]) compute each worker's answer from the cache and never reach
-//! Airflow. A worker whose data is missing or older than the staleness limit answers 503 —
-//! never a made-up 0. After each refresh the [`history`] records what every worker would be
-//! told and what the [`pool`] view says of its workers, for `GET /v1/workers/{name}/history`;
-//! the page at `/ui/` ([`serve::ui`]) reads that same API. On a port of its own, the
-//! [`serve::external_scaler`] serves KEDA's external scaler gRPC API from the same cache, and pushes
-//! activity to KEDA as each refresh lands.
+//! ([`serve::api`], routed by [`serve::routes`], guarded by [`serve::auth`]) compute each
+//! worker's answer from the cache and never reach Airflow. A worker whose data is missing or
+//! older than the staleness limit answers 503 — never a made-up 0. After each refresh the
+//! [`history`] records what every worker would be told and what the [`pool`] view says of its
+//! workers, for `GET /v1/workers/{name}/history`; the page at `/ui/` ([`serve::ui`]) reads that
+//! same API. On a port of its own, the [`serve::external_scaler`] serves KEDA's external scaler
+//! gRPC API from the same cache, and pushes activity to KEDA as each refresh lands.
+//!
+//! [`config`] reads what the Sentinel runs with, [`app`] starts the parts, [`metrics`] counts
+//! them, [`kubernetes_client`] reaches the Kubernetes API (the pool view, TokenReview), and
+//! [`shutdown`] stops them on a signal.
 
 pub mod app;
 pub mod backlog;
