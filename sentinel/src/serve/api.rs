@@ -13,21 +13,17 @@ use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
 use crate::serve::auth::{Authenticator, Decision};
+use crate::serve::response::{error, json, respond, text, Body};
 use crate::serve::routes::{Route, V1Route};
 use crate::serve::ui;
-use bytes::Bytes;
-use http_body_util::Full;
 use http_server::Readiness;
 use hyper::header::{
-    HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, IF_NONE_MATCH, RETRY_AFTER,
-    WWW_AUTHENTICATE,
+    HeaderValue, ALLOW, AUTHORIZATION, IF_NONE_MATCH, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub type Body = Full<Bytes>;
 
 /// Everything a request handler reads.
 pub struct AppState {
@@ -73,7 +69,6 @@ impl AppState {
     }
 }
 
-const JSON: &str = "application/json";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Answers one request and counts it in `astro_sentinel_http_requests_total`.
@@ -257,30 +252,4 @@ fn list(state: &AppState) -> Response<Body> {
         )
         .collect();
     json(StatusCode::OK, &serde_json::json!({ "workers": workers }))
-}
-
-fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<Body> {
-    let body = serde_json::to_vec(value).expect("plain structs serialise");
-    respond(status, JSON, body.into())
-}
-
-fn error(status: StatusCode, message: String) -> Response<Body> {
-    json(status, &serde_json::json!({ "error": message }))
-}
-
-fn text(status: StatusCode, body: &'static str) -> Response<Body> {
-    respond(
-        status,
-        "text/plain; charset=utf-8",
-        Bytes::from_static(body.as_bytes()),
-    )
-}
-
-fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
-    let mut r = Response::new(Full::new(body));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
 }

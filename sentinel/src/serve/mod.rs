@@ -6,5 +6,6 @@
 pub mod api;
 pub mod auth;
 pub mod external_scaler;
+pub mod response;
 pub mod routes;
 pub mod ui;

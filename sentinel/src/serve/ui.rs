@@ -18,7 +18,7 @@
 //! with the previous version's script. The Content-Security-Policy allows nothing but this
 //! origin's own script, style sheet and API.
 
-use crate::serve::api::Body;
+use crate::serve::response::Body;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{
