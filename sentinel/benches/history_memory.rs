@@ -5,12 +5,12 @@
 //!
 //! `cargo bench -p astro-sentinel --bench history_memory` (target: at most 64 MiB).
 
-use astro_sentinel::history::cluster::ClusterView;
 use astro_sentinel::history::decisions::DecisionSource;
 use astro_sentinel::history::persist::{decode, encode};
 use astro_sentinel::history::sample::Sample;
 use astro_sentinel::history::store::HistoryData;
 use astro_sentinel::history::worker_history::WorkerHistory;
+use astro_sentinel::pool::ClusterView;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Instant;

@@ -1,36 +1,39 @@
-//! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth, metrics
-//! and the scaling history. [`start`] returns a handle that stops everything; tests use
-//! [`start_with`] to plug in their own source and listener.
+//! Wires the parts together: source → refresh loop → cache → HTTP server, plus auth, metrics,
+//! the pool view and the scaling history, each started by a step of its own. [`start`] returns
+//! a handle that stops everything; tests use [`start_with`] to plug in their own source and
+//! listener.
 
-use crate::airflow_api_source::AirflowApiSource;
-use crate::api::{handle, AppState};
-use crate::auth::static_tokens::StaticTokens;
-use crate::auth::token_review::{ReviewCounters, TokenReviewer};
-use crate::auth::Authenticator;
-use crate::backlog_source::BacklogSource;
-use crate::cache::{BacklogCache, Snapshot};
-use crate::cluster::{kube_client, review_client, DeletionCostLoop, WorkloadWatch};
-use crate::config::{Config, ConfigError, WorkerConfig};
-use crate::edge_worker_census::EdgeWorkerCensus;
-use crate::external_scaler::server as external_scaler_server;
-use crate::external_scaler::service::ExternalScalerService;
+use crate::backlog::cache::{BacklogCache, Snapshot};
+use crate::backlog::refresh_loop::RefreshLoop;
+use crate::config::file::{Config, WorkerConfig};
+use crate::config::ConfigError;
 use crate::history::clock::SystemClock;
-use crate::history::cluster::ClusterSource;
 use crate::history::instance::instance_name;
 use crate::history::persist;
 use crate::history::recorder::{HistoryRecorder, RecorderInputs};
 use crate::history::store::{History, HistoryData};
+use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
-use crate::postgres_source::PostgresSource;
-use crate::refresh_loop::RefreshLoop;
+use crate::pool::{ClusterSource, DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
+use crate::serve::api::{handle, AppState};
+use crate::serve::auth::static_tokens::StaticTokens;
+use crate::serve::auth::token_review::{ReviewCounters, TokenReviewer};
+use crate::serve::auth::Authenticator;
+use crate::serve::external_scaler::server as external_scaler_server;
+use crate::serve::external_scaler::service::ExternalScalerService;
+use crate::sources::airflow_api::AirflowApiSource;
+use crate::sources::postgres::PostgresSource;
+use crate::sources::BacklogSource;
 use http_server::Readiness;
 
-use crate::settings::{KubernetesAccess, Settings, SourceSettings};
+use crate::config::file::{AuthConfig, HistoryConfig};
+use crate::config::flags::{KubernetesAccess, Settings, SourceSettings};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::ServerTlsConfig;
 
 /// Why the Sentinel could not start: bad configuration (exit 2) or anything else (exit 1).
@@ -45,8 +48,7 @@ pub enum StartError {
 /// A started Sentinel.
 pub struct Running {
     addr: SocketAddr,
-    shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Tasks,
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     /// What the external scaler port answers from.
@@ -76,21 +78,40 @@ impl Running {
             &self.workers,
             self.cache.clone(),
             self.staleness_limit,
-            self.shutdown.subscribe(),
+            self.tasks.shutdown.clone(),
         );
         let task =
-            external_scaler_server::spawn(listener, tls, service, self.shutdown.subscribe())?;
-        self.tasks.push(task);
+            external_scaler_server::spawn(listener, tls, service, self.tasks.shutdown.clone())?;
+        self.tasks.handles.push(task);
         tracing::info!(%addr, tls = tls_enabled, "serving KEDA's external scaler API");
         Ok(addr)
     }
 
     /// Stops accepting, drains in-flight requests, stops the refresh loop.
-    pub async fn stop(self) {
-        let _ = self.shutdown.send(true);
-        for task in self.tasks {
+    pub async fn stop(mut self) {
+        self.tasks.shutdown.cancel();
+        for task in std::mem::take(&mut self.tasks.handles) {
             let _ = task.await;
         }
+    }
+}
+
+/// The Sentinel's tasks and the token that stops them all. Dropped without
+/// [`Running::stop`] — a start that fails half-way, a test that ends — it still stops them.
+struct Tasks {
+    shutdown: CancellationToken,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Tasks {
+    fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        self.handles.push(tokio::spawn(task));
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
     }
 }
 
@@ -167,140 +188,18 @@ pub async fn start_with(
     metrics: Arc<Metrics>,
     listener: TcpListener,
 ) -> Result<Running, StartError> {
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
-
-    let auth = if config.auth.disabled {
-        tracing::warn!("auth.disabled is true: /v1/workers answers anyone who can reach it");
-        Authenticator::disabled()
-    } else {
-        let static_tokens = match &config.auth.static_tokens_file {
-            None => None,
-            Some(path) => {
-                let tokens = StaticTokens::load(path).map_err(|e| {
-                    ConfigError::new(format!(
-                        "auth.staticTokensFile: cannot read {}: {e}",
-                        path.display()
-                    ))
-                })?;
-                if tokens.is_empty() {
-                    tracing::warn!(path = %path.display(), "the static tokens file holds no token");
-                }
-                let tokens = Arc::new(tokens);
-                tasks.push(tokio::spawn(tokens.clone().watch(shutdown_rx.clone())));
-                Some(tokens)
-            }
-        };
-        let token_review = match (&config.auth.token_review, &kubernetes) {
-            (Some(tr), Some(access)) => Some(TokenReviewer::new(
-                review_client(access).map_err(ConfigError::new)?,
-                &tr.allowed_usernames,
-                &tr.audiences,
-                tr.cache_ttl,
-                ReviewCounters {
-                    outcomes: metrics.token_reviews.clone(),
-                    skipped: metrics.token_reviews_skipped.clone(),
-                },
-            )),
-            (Some(_), None) => {
-                return Err(StartError::Config(ConfigError::new(
-                    "--kubernetes-api-url: auth.tokenReview needs access to the Kubernetes API",
-                )))
-            }
-            (None, _) => None,
-        };
-        Authenticator::new(static_tokens, token_review)
+    let mut tasks = Tasks {
+        shutdown: CancellationToken::new(),
+        handles: Vec::new(),
     };
-
+    let auth = authenticator(&config.auth, kubernetes.as_ref(), &metrics, &mut tasks)?;
     let queues = config.distinct_queues();
     let cache = Arc::new(BacklogCache::new(Snapshot::empty(&queues)));
     let readiness = Readiness::default();
-    tracing::info!(
-        source = source.kind(),
-        workers = config.workers.len(),
-        queues = queues.len(),
-        refresh_interval = %humantime::format_duration(config.refresh_interval),
-        staleness_limit = %humantime::format_duration(config.staleness_limit),
-        "starting"
-    );
-    let history_data = match &config.history.path {
-        Some(path) => {
-            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
-            if folder.is_some_and(|f| !f.is_dir()) {
-                return Err(StartError::Config(ConfigError::new(format!(
-                    "history.path: the folder of {} does not exist",
-                    path.display()
-                ))));
-            }
-            persist::load(path, &config.workers)
-        }
-        None => HistoryData::default(),
-    };
-    let history = Arc::new(History::new(
-        Arc::new(SystemClock),
-        instance_name(),
-        history_data,
-    ));
-    if let Some(path) = &config.history.path {
-        tasks.push(tokio::spawn(persist::keep_saved(
-            history.clone(),
-            path.clone(),
-            shutdown_rx.clone(),
-        )));
-    }
-    let workers: Vec<(String, Vec<String>)> = config
-        .workers
-        .iter()
-        .map(|w| (w.name.clone(), w.queues.clone()))
-        .collect();
-    // With a kubernetes section, the watch of the worker Deployments and pods answers for the
-    // history (and feeds the pod-deletion costs); otherwise Airflow's list of Edge workers.
-    let cluster: Arc<dyn ClusterSource> = if let Some(k8s) = &config.kubernetes {
-        let access = kubernetes.as_ref().ok_or_else(|| {
-            ConfigError::new(
-                "--kubernetes-api-url: the kubernetes section needs access to the Kubernetes API",
-            )
-        })?;
-        let client = kube_client(access).map_err(ConfigError::new)?;
-        let watch = Arc::new(WorkloadWatch::start(
-            client.clone(),
-            &k8s.namespace,
-            shutdown_rx.clone(),
-        ));
-        tracing::info!(namespace = %k8s.namespace, idle_first_scale_in = k8s.idle_first_scale_in, "watching worker Deployments and pods");
-        if k8s.idle_first_scale_in {
-            let costs = DeletionCostLoop {
-                source: source.clone(),
-                watch: watch.clone(),
-                pods: kube::Api::namespaced(client, &k8s.namespace),
-                workers,
-                interval: config.refresh_interval,
-                patches: metrics.pod_deletion_cost_patches.clone(),
-            };
-            tasks.push(tokio::spawn(costs.run(shutdown_rx.clone())));
-        }
-        watch
-    } else {
-        let census = Arc::new(EdgeWorkerCensus::new(
-            source.clone(),
-            workers,
-            config.refresh_interval,
-        ));
-        tasks.push(tokio::spawn(census.clone().run(shutdown_rx.clone())));
-        census
-    };
-
-    metrics.follow_cluster(cluster.clone());
-    let recorder = HistoryRecorder::new(
-        history.clone(),
-        RecorderInputs {
-            workers: config.workers.clone(),
-            cluster,
-            backlog_source_kind: source.kind(),
-            refresh_interval: config.refresh_interval,
-            staleness_limit: config.staleness_limit,
-        },
-    );
+    log_starting(&config, source.kind(), queues.len());
+    let history = start_history(&config.history, &config.workers, &mut tasks)?;
+    let pool = start_pool_view(&config, kubernetes.as_ref(), &source, &metrics, &mut tasks)?;
+    metrics.follow_cluster(pool.clone());
     let refresh = RefreshLoop {
         source: source.clone(),
         queues,
@@ -309,46 +208,210 @@ pub async fn start_with(
         readiness: readiness.clone(),
         interval: config.refresh_interval,
         staleness_limit: config.staleness_limit,
-        history: recorder,
+        history: history_recorder(&config, &history, pool, source.kind()),
     };
-    tasks.push(tokio::spawn(refresh.run(shutdown_rx.clone())));
-
-    let addr = listener
-        .local_addr()
-        .map_err(|e| StartError::Runtime(format!("listener address: {e}")))?;
-    let workers = config.workers.clone();
-    let state = Arc::new(AppState::new(
-        config.workers,
+    tasks.spawn(refresh.run(tasks.shutdown.clone()));
+    let state = AppState::new(
+        config.workers.clone(),
         cache.clone(),
         config.staleness_limit,
         auth,
         metrics.clone(),
         readiness.clone(),
         history,
-    ));
-    let mut stop = shutdown_rx;
-    let handler = move |req| {
-        let state = state.clone();
-        async move { handle(&state, req).await }
-    };
-    tasks.push(tokio::spawn(http_server::serve(
-        listener,
-        http_server::Limits::default(),
-        handler,
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        },
-    )));
-    tracing::info!(%addr, "listening");
-
+    );
+    let addr = serve_http(listener, state, &mut tasks)?;
     Ok(Running {
         addr,
-        shutdown: shutdown_tx,
         tasks,
         metrics,
         readiness,
         cache,
-        workers,
+        workers: config.workers,
         staleness_limit: config.staleness_limit,
     })
+}
+
+fn log_starting(config: &Config, source: &'static str, queues: usize) {
+    tracing::info!(
+        source,
+        workers = config.workers.len(),
+        queues,
+        refresh_interval = %humantime::format_duration(config.refresh_interval),
+        staleness_limit = %humantime::format_duration(config.staleness_limit),
+        "starting"
+    );
+}
+
+/// Who may read `/v1`: static tokens (watched for changes) and/or TokenReview, or anyone when
+/// auth is disabled.
+fn authenticator(
+    auth: &AuthConfig,
+    kubernetes: Option<&KubernetesAccess>,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) -> Result<Authenticator, StartError> {
+    if auth.disabled {
+        tracing::warn!("auth.disabled is true: /v1/workers answers anyone who can reach it");
+        return Ok(Authenticator::disabled());
+    }
+    let static_tokens = match &auth.static_tokens_file {
+        None => None,
+        Some(path) => {
+            let tokens = StaticTokens::load(path).map_err(|e| {
+                ConfigError::new(format!(
+                    "auth.staticTokensFile: cannot read {}: {e}",
+                    path.display()
+                ))
+            })?;
+            if tokens.is_empty() {
+                tracing::warn!(path = %path.display(), "the static tokens file holds no token");
+            }
+            let tokens = Arc::new(tokens);
+            tasks.spawn(tokens.clone().watch(tasks.shutdown.clone()));
+            Some(tokens)
+        }
+    };
+    let token_review = match (&auth.token_review, kubernetes) {
+        (Some(tr), Some(access)) => Some(TokenReviewer::new(
+            review_client(access).map_err(ConfigError::new)?,
+            &tr.allowed_usernames,
+            &tr.audiences,
+            tr.cache_ttl,
+            ReviewCounters {
+                outcomes: metrics.token_reviews.clone(),
+                skipped: metrics.token_reviews_skipped.clone(),
+            },
+        )),
+        (Some(_), None) => {
+            return Err(StartError::Config(ConfigError::new(
+                "--kubernetes-api-url: auth.tokenReview needs access to the Kubernetes API",
+            )))
+        }
+        (None, _) => None,
+    };
+    Ok(Authenticator::new(static_tokens, token_review))
+}
+
+/// The scaling history, loaded from `history.path` and kept saved there when it is set.
+fn start_history(
+    config: &HistoryConfig,
+    workers: &[WorkerConfig],
+    tasks: &mut Tasks,
+) -> Result<Arc<History>, StartError> {
+    let data = match &config.path {
+        Some(path) => {
+            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if folder.is_some_and(|f| !f.is_dir()) {
+                return Err(StartError::Config(ConfigError::new(format!(
+                    "history.path: the folder of {} does not exist",
+                    path.display()
+                ))));
+            }
+            persist::load(path, workers)
+        }
+        None => HistoryData::default(),
+    };
+    let history = Arc::new(History::new(Arc::new(SystemClock), instance_name(), data));
+    if let Some(path) = &config.path {
+        tasks.spawn(persist::keep_saved(
+            history.clone(),
+            path.clone(),
+            tasks.shutdown.clone(),
+        ));
+    }
+    Ok(history)
+}
+
+/// What the refresh loop hands the history after each refresh: every worker's answer and what
+/// the pool view says of its workers.
+fn history_recorder(
+    config: &Config,
+    history: &Arc<History>,
+    pool: Arc<dyn ClusterSource>,
+    backlog_source_kind: &'static str,
+) -> HistoryRecorder {
+    HistoryRecorder::new(
+        history.clone(),
+        RecorderInputs {
+            workers: config.workers.clone(),
+            cluster: pool,
+            backlog_source_kind,
+            refresh_interval: config.refresh_interval,
+            staleness_limit: config.staleness_limit,
+        },
+    )
+}
+
+/// With a kubernetes section, the watch of the worker Deployments and pods answers for the
+/// pool view (and feeds the pod-deletion costs); otherwise Airflow's list of Edge workers.
+fn start_pool_view(
+    config: &Config,
+    kubernetes: Option<&KubernetesAccess>,
+    source: &Arc<dyn BacklogSource>,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) -> Result<Arc<dyn ClusterSource>, StartError> {
+    let workers: Vec<(String, Vec<String>)> = config
+        .workers
+        .iter()
+        .map(|w| (w.name.clone(), w.queues.clone()))
+        .collect();
+    let Some(k8s) = &config.kubernetes else {
+        let census = Arc::new(EdgeWorkerCensus::new(
+            source.clone(),
+            workers,
+            config.refresh_interval,
+        ));
+        tasks.spawn(census.clone().run(tasks.shutdown.clone()));
+        return Ok(census);
+    };
+    let access = kubernetes.ok_or_else(|| {
+        ConfigError::new(
+            "--kubernetes-api-url: the kubernetes section needs access to the Kubernetes API",
+        )
+    })?;
+    let client = kube_client(access).map_err(ConfigError::new)?;
+    let watch = Arc::new(WorkloadWatch::start(
+        client.clone(),
+        &k8s.namespace,
+        tasks.shutdown.clone(),
+    ));
+    tracing::info!(namespace = %k8s.namespace, idle_first_scale_in = k8s.idle_first_scale_in, "watching worker Deployments and pods");
+    if k8s.idle_first_scale_in {
+        let costs = DeletionCostLoop {
+            source: source.clone(),
+            watch: watch.clone(),
+            pods: kube::Api::namespaced(client, &k8s.namespace),
+            workers,
+            interval: config.refresh_interval,
+            patches: metrics.pod_deletion_cost_patches.clone(),
+        };
+        tasks.spawn(costs.run(tasks.shutdown.clone()));
+    }
+    Ok(watch)
+}
+
+/// Serves `/v1`, `/metrics`, the probes and the page on `listener` until shutdown.
+fn serve_http(
+    listener: TcpListener,
+    state: AppState,
+    tasks: &mut Tasks,
+) -> Result<SocketAddr, StartError> {
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::Runtime(format!("listener address: {e}")))?;
+    let state = Arc::new(state);
+    let handler = move |req| {
+        let state = state.clone();
+        async move { handle(&state, req).await }
+    };
+    tasks.spawn(http_server::serve(
+        listener,
+        http_server::Limits::default(),
+        handler,
+        tasks.shutdown.clone().cancelled_owned(),
+    ));
+    tracing::info!(%addr, "listening");
+    Ok(addr)
 }

@@ -1,33 +1,27 @@
 //! astro-sentinel: serves each Airflow worker Deployment's backlog to KEDA's `metrics-api`
 //! scaler, so that KEDA can wake a Deployment that sits at zero replicas.
 //!
-//! Data flows one way: a [`backlog_source`] is read by the [`refresh_loop`] once per interval
-//! for every distinct queue; results land in the [`cache`]; requests ([`server`] → [`api`],
-//! guarded by [`auth`]) compute each worker's answer from the cache ([`worker_view`]) and
-//! never reach Airflow. A worker whose data is missing or older than the staleness limit
-//! answers 503 — never a made-up 0. After each refresh the [`history`] records what every
-//! worker would be told, for `GET /v1/workers/{name}/history`; the page at `/ui/` ([`ui`])
-//! reads that same API. On a port of its own, the [`external_scaler`] serves KEDA's external
-//! scaler gRPC API from the same cache, and pushes activity to KEDA as each refresh lands.
+//! Data flows one way: a backlog source ([`sources`]) is read by the refresh loop once per
+//! interval for every distinct queue; results land in the cache ([`backlog`]); requests
+//! ([`serve::api`], routed by [`serve::routes`], guarded by [`serve::auth`]) compute each
+//! worker's answer from the cache and never reach Airflow. A worker whose data is missing or
+//! older than the staleness limit answers 503 — never a made-up 0. After each refresh the
+//! [`history`] records what every worker would be told and what the [`pool`] view says of its
+//! workers, for `GET /v1/workers/{name}/history`; the page at `/ui/` ([`serve::ui`]) reads that
+//! same API. On a port of its own, the [`serve::external_scaler`] serves KEDA's external scaler
+//! gRPC API from the same cache, and pushes activity to KEDA as each refresh lands.
+//!
+//! [`config`] reads what the Sentinel runs with, [`app`] starts the parts, [`metrics`] counts
+//! them, [`kubernetes_client`] reaches the Kubernetes API (the pool view, TokenReview), and
+//! [`shutdown`] stops them on a signal.
 
-pub mod airflow_api_source;
-pub mod api;
 pub mod app;
-pub mod auth;
-pub mod backlog_source;
-pub mod cache;
-pub mod cluster;
+pub mod backlog;
 pub mod config;
-pub mod edge_worker_census;
-pub mod external_scaler;
 pub mod history;
+pub mod kubernetes_client;
 pub mod metrics;
-pub mod postgres_source;
-pub mod postgres_tls;
-pub mod postgres_url;
-pub mod refresh_loop;
-pub mod replica_metrics;
-pub mod settings;
+pub mod pool;
+pub mod serve;
 pub mod shutdown;
-pub mod ui;
-pub mod worker_view;
+pub mod sources;

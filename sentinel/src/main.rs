@@ -2,7 +2,7 @@
 //! SIGINT, 2 invalid configuration (one line naming the field), 1 runtime error.
 
 use astro_sentinel::app::{self, StartError};
-use astro_sentinel::settings::{Flags, Settings};
+use astro_sentinel::config::flags::{Flags, Settings};
 use logging::flags::EXIT_CONFIG;
 use std::process::ExitCode;
 

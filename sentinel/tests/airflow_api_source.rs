@@ -5,8 +5,8 @@
 mod common;
 
 use airflow::rest_api::RestCredentials;
-use astro_sentinel::airflow_api_source::AirflowApiSource;
-use astro_sentinel::backlog_source::{BacklogSource, QueueBacklog};
+use astro_sentinel::sources::airflow_api::AirflowApiSource;
+use astro_sentinel::sources::{BacklogSource, QueueBacklog};
 use common::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

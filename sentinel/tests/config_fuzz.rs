@@ -4,7 +4,8 @@
 //! and a valid file with bytes changed. `PROPTEST_CASES` sets how many of each (the test
 //! command's fuzz step raises it).
 
-use astro_sentinel::config::{Config, ConfigError};
+use astro_sentinel::config::file::Config;
+use astro_sentinel::config::ConfigError;
 use proptest::prelude::*;
 use serde_yaml::{Mapping, Value};
 

@@ -3,17 +3,17 @@
 //! decisions are the same. Time is tokio's paused clock (the refresh cadence) and a wall clock
 //! derived from it (the history's timestamps): 10 minutes pass in milliseconds.
 
-use astro_sentinel::backlog_source::{BacklogSource, QueueBacklog, QueueOutcome};
-use astro_sentinel::cache::{BacklogCache, Snapshot};
-use astro_sentinel::config::Config;
+use astro_sentinel::backlog::cache::{BacklogCache, Snapshot};
+use astro_sentinel::backlog::refresh_loop::RefreshLoop;
+use astro_sentinel::config::file::Config;
 use astro_sentinel::history::answer::HistoryAnswer;
 use astro_sentinel::history::clock::WallClock;
-use astro_sentinel::history::cluster::NoClusterSource;
 use astro_sentinel::history::range::HistoryRange;
 use astro_sentinel::history::recorder::{HistoryRecorder, RecorderInputs};
 use astro_sentinel::history::store::{History, HistoryData};
 use astro_sentinel::metrics::Metrics;
-use astro_sentinel::refresh_loop::RefreshLoop;
+use astro_sentinel::pool::NoClusterSource;
+use astro_sentinel::sources::{BacklogSource, QueueBacklog, QueueOutcome};
 use futures_util::future::BoxFuture;
 use http_server::Readiness;
 use std::collections::HashMap;
@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// The backlog both replicas read: what the test sets, answered at once.
 #[derive(Default)]
@@ -118,8 +119,19 @@ fn start_replica(
             },
         ),
     };
-    tokio::spawn(refresh.run(shutdown));
+    tokio::spawn(refresh.run(cancelled_on_true(shutdown)));
     history
+}
+
+/// The loop stops on a token; this test stops its replicas with one watch channel.
+fn cancelled_on_true(mut shutdown: watch::Receiver<bool>) -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+        cancel.cancel();
+    });
+    token
 }
 
 fn answer(history: &History) -> HistoryAnswer {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use astro_sentinel::settings::KubernetesAccess;
+use astro_sentinel::config::flags::KubernetesAccess;
 use common::*;
 use std::time::Duration;
 

@@ -6,8 +6,8 @@
 
 mod common;
 
-use astro_sentinel::auth::token_review::{REVIEWS_PER_SECOND, REVIEW_BURST};
-use astro_sentinel::settings::KubernetesAccess;
+use astro_sentinel::config::flags::KubernetesAccess;
+use astro_sentinel::serve::auth::token_review::{REVIEWS_PER_SECOND, REVIEW_BURST};
 use common::*;
 use futures_util::future::join_all;
 use std::time::{Duration, Instant};

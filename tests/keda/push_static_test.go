@@ -12,7 +12,8 @@ import (
 )
 
 // sentinelScalerKeys are the trigger metadata keys the Sentinel's external scaler reads (as
-// sentinel/src/external_scaler/service.rs names them); KEDA forwards them without reading them.
+// sentinel/src/serve/external_scaler/service.rs names them); KEDA forwards them without
+// reading them.
 var sentinelScalerKeys = []string{"worker", "activationTargetValue"}
 
 // checkPushTrigger: KEDA's scale handler built an external-push scaler for worker `name` from the

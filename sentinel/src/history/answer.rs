@@ -7,7 +7,7 @@ use super::findings::{findings, tiles, Finding, RangeTotals, Tiles};
 use super::range::HistoryRange;
 use super::tier::Bucket;
 use super::worker_history::WorkerHistory;
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]

@@ -2,7 +2,7 @@
 //! 15 minutes to 14 days — the data behind the scaling history dialog.
 //!
 //! Data flows one way: after every refresh the [`recorder`] turns each worker's answer (the
-//! one KEDA gets) and the [`cluster`] view into a [`sample`]; the [`store`] adds it to three
+//! one KEDA gets) and the [pool view](crate::pool) into a [`sample`]; the [`store`] adds it to three
 //! downsampled [`tier`]s and to the [`decisions`] log; a request picks the tier of its
 //! [`range`] and builds the [`answer`], with [`findings`] worded by [`duration_text`].
 //! [`persist`] keeps it across restarts when `history.path` is set.
@@ -15,7 +15,6 @@
 
 pub mod answer;
 pub mod clock;
-pub mod cluster;
 pub mod decisions;
 pub mod duration_text;
 pub mod findings;

@@ -14,7 +14,7 @@ use super::decisions::MAX_DECISIONS;
 use super::store::{History, HistoryData};
 use super::tier::{TierSpec, TIERS};
 use super::worker_history::WorkerHistory;
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 const MAGIC: &[u8; 8] = b"ASTROHST";
 /// Bumped whenever the payload's types change shape.
@@ -163,13 +163,13 @@ async fn save(history: &Arc<History>, path: &Path) -> Result<(), String> {
     .map_err(|e| e.to_string())?
 }
 
-/// Saves every [`SAVE_INTERVAL`] and once more when `shutdown` turns true.
-pub async fn keep_saved(history: Arc<History>, path: PathBuf, mut shutdown: watch::Receiver<bool>) {
+/// Saves every [`SAVE_INTERVAL`] and once more when `shutdown` is cancelled.
+pub async fn keep_saved(history: Arc<History>, path: PathBuf, shutdown: CancellationToken) {
     let mut failing = false;
     loop {
         let stopping = tokio::select! {
             _ = tokio::time::sleep(SAVE_INTERVAL) => false,
-            _ = shutdown.wait_for(|stop| *stop) => true,
+            _ = shutdown.cancelled() => true,
         };
         match save(&history, &path).await {
             Ok(()) if failing => {
@@ -322,8 +322,8 @@ mod tests {
         use super::super::clock::SystemClock;
         let (_dir, path) = temp_path("periodic");
         let history = Arc::new(History::new(Arc::new(SystemClock), "t".into(), data()));
-        let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(keep_saved(history.clone(), path.clone(), stopped));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(keep_saved(history.clone(), path.clone(), stop.clone()));
         tokio::time::sleep(SAVE_INTERVAL - Duration::from_secs(1)).await;
         assert!(!path.exists(), "not before a minute");
         // The save runs on a blocking thread: wait for it by polling, time paused.
@@ -337,7 +337,7 @@ mod tests {
         }
         assert!(path.exists(), "saved after a minute");
         std::fs::remove_file(&path).unwrap();
-        stop.send(true).unwrap();
+        stop.cancel();
         task.await.unwrap();
         assert_eq!(
             load(

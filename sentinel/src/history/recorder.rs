@@ -6,13 +6,13 @@
 //! silence is time KEDA would have been refused an answer, so it is not counted as observed.
 //! The first refresh stands for one refresh interval.
 
-use super::cluster::ClusterSource;
 use super::decisions::DecisionSource;
 use super::sample::Sample;
 use super::store::History;
-use crate::cache::Snapshot;
-use crate::config::WorkerConfig;
-use crate::worker_view::{worker_answer, WorkerAnswer};
+use crate::backlog::cache::Snapshot;
+use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
+use crate::config::file::WorkerConfig;
+use crate::pool::ClusterSource;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,11 +84,11 @@ impl HistoryRecorder {
 #[cfg(test)]
 mod tests {
     use super::super::clock::WallClock;
-    use super::super::cluster::{ClusterView, NoClusterSource};
     use super::super::range::HistoryRange;
     use super::super::store::HistoryData;
     use super::*;
-    use crate::backlog_source::QueueBacklog;
+    use crate::pool::{ClusterView, NoClusterSource};
+    use crate::sources::QueueBacklog;
     use std::time::{SystemTime, UNIX_EPOCH};
 
     /// A wall clock the test sets.

@@ -1,8 +1,8 @@
 //! One worker's inputs at one refresh, and the states the findings count: running, at its
 //! maximum, waiting for capacity, wanting fewer workers than its minimum.
 
-use super::cluster::ClusterView;
-use crate::worker_view::{wanted_replicas, WorkerBacklog};
+use crate::backlog::worker_view::{wanted_replicas, WorkerBacklog};
+use crate::pool::ClusterView;
 
 /// What the Sentinel saw for one worker at one refresh. Task counts are stored as `u32`
 /// (saturating): a queue with four billion task instances is not a case worth 4 bytes a line.

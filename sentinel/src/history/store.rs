@@ -7,7 +7,7 @@ use super::decisions::DecisionSource;
 use super::range::HistoryRange;
 use super::sample::Sample;
 use super::worker_history::WorkerHistory;
-use crate::config::WorkerConfig;
+use crate::config::file::WorkerConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};

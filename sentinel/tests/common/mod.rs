@@ -3,9 +3,9 @@
 #![allow(dead_code)]
 
 use astro_sentinel::app::{self, Running};
-use astro_sentinel::config::Config;
+use astro_sentinel::config::file::Config;
+use astro_sentinel::config::flags::KubernetesAccess;
 use astro_sentinel::metrics::Metrics;
-use astro_sentinel::settings::KubernetesAccess;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -562,7 +562,7 @@ pub async fn try_start_against(
     let config = Config::parse(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     let metrics = Arc::new(Metrics::new());
     let source = app::build_source(
-        &astro_sentinel::settings::SourceSettings::AirflowApi {
+        &astro_sentinel::config::flags::SourceSettings::AirflowApi {
             url: url::Url::parse(&format!("http://{fake_addr}")).unwrap(),
             credentials: airflow::rest_api::RestCredentials::Token("airflow-token".into()),
             ca: None,

@@ -1,0 +1,407 @@
+//! What one worker Deployment's backlog is, computed from the cache at request time.
+//!
+//! A worker is served only when every one of its queues has a value younger than the
+//! staleness limit. Anything else is an explicit "unavailable" (HTTP 503), never a made-up 0:
+//! KEDA treats an error as "keep the pool" (its fallback), but a 0 as "scale it away".
+
+use crate::backlog::cache::Snapshot;
+use crate::config::file::WorkerConfig;
+use serde::Serialize;
+use std::time::{Duration, Instant, SystemTime};
+
+/// `ceil(backlog / sync_slots)`: the workers the backlog calls for, not yet held within the
+/// worker's range (the history shows it below the minimum and above the maximum too).
+pub fn wanted_replicas(backlog: u64, sync_slots: u32) -> u32 {
+    let wanted = backlog.div_ceil(u64::from(sync_slots.max(1)));
+    u32::try_from(wanted).unwrap_or(u32::MAX)
+}
+
+/// `ceil(backlog / sync_slots)`, held between `min` and `max`.
+pub fn desired_replicas(backlog: u64, sync_slots: u32, min: u32, max: u32) -> u32 {
+    wanted_replicas(backlog, sync_slots).clamp(min, max.max(min))
+}
+
+/// The 200 answer of `GET /v1/workers/{name}`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerBacklog {
+    pub worker: String,
+    pub queues: Vec<String>,
+    /// Task slots (Σ `pool_slots`) of the queued task instances over the worker's queues.
+    pub queued: u64,
+    /// Task slots of the running task instances.
+    pub running: u64,
+    /// `queued + running`, in task slots: the value KEDA reads (`valueLocation: backlog`)
+    /// against `syncSlots`, the slots one worker offers.
+    pub backlog: u64,
+    /// Queued task instances (each counted once, whatever its slots).
+    pub queued_tasks: u64,
+    /// Running task instances.
+    pub running_tasks: u64,
+    /// How long the longest-waiting queued task instance has been queued, as of now; 0 when
+    /// none is queued.
+    pub oldest_queued_age_seconds: f64,
+    pub sync_slots: u32,
+    pub desired_replicas: u32,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// When the oldest of the worker's queue values was read (RFC 3339, UTC).
+    pub updated_at: String,
+    /// Age of that oldest value.
+    pub age_seconds: f64,
+}
+
+/// The 503 answer: which queues have no usable value, and why.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Unavailable {
+    pub error: String,
+    /// `notLoaded` (never read yet) or `stale` (older than the staleness limit).
+    pub reason: &'static str,
+    pub worker: String,
+    /// The worker's queue names, as in the 200 answer.
+    pub queues: Vec<String>,
+    /// Each queue's state: which ones have no usable value, and why.
+    pub queue_status: Vec<QueueStatus>,
+    pub staleness_limit_seconds: f64,
+    /// The worker's configuration, as in the 200 answer: a reader (the page's worker list)
+    /// still knows the pool's range while its backlog is unknown.
+    pub sync_slots: u32,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    pub queue: String,
+    /// `fresh`, `stale` or `notLoaded`.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub age_seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerAnswer {
+    Ready(WorkerBacklog),
+    Unavailable(Unavailable),
+}
+
+pub const NOT_LOADED: &str = "notLoaded";
+pub const STALE: &str = "stale";
+pub const FRESH: &str = "fresh";
+
+/// The answer for `worker` from `snapshot`, as of `now`.
+pub fn worker_answer(
+    worker: &WorkerConfig,
+    snapshot: &Snapshot,
+    now: Instant,
+    staleness_limit: Duration,
+) -> WorkerAnswer {
+    let mut queued = 0u64;
+    let mut running = 0u64;
+    let mut queued_tasks = 0u64;
+    let mut running_tasks = 0u64;
+    let mut oldest_queued = Duration::ZERO;
+    let mut oldest: Option<(Duration, SystemTime)> = None;
+    let mut statuses = Vec::with_capacity(worker.queues.len());
+    let mut any_not_loaded = false;
+    let mut any_stale = false;
+
+    for queue in &worker.queues {
+        let entry = snapshot.queue(queue);
+        let last_error = entry.and_then(|e| e.last_error.as_deref().map(str::to_string));
+        match entry.and_then(|e| e.last) {
+            None => {
+                any_not_loaded = true;
+                statuses.push(QueueStatus {
+                    queue: queue.clone(),
+                    state: NOT_LOADED,
+                    age_seconds: None,
+                    last_error,
+                });
+            }
+            Some(reading) => {
+                let age = now.saturating_duration_since(reading.at);
+                let stale = age > staleness_limit;
+                any_stale |= stale;
+                let b = reading.backlog;
+                queued = queued.saturating_add(b.queued_slots);
+                running = running.saturating_add(b.running_slots);
+                queued_tasks = queued_tasks.saturating_add(b.queued_tasks);
+                running_tasks = running_tasks.saturating_add(b.running_tasks);
+                // The wait as read, plus the time since: it keeps growing between refreshes.
+                if let Some(waited) = b.oldest_queued_age {
+                    oldest_queued = oldest_queued.max(waited.saturating_add(age));
+                }
+                if oldest.is_none_or(|(a, _)| age > a) {
+                    oldest = Some((age, reading.at_wall));
+                }
+                statuses.push(QueueStatus {
+                    queue: queue.clone(),
+                    state: if stale { STALE } else { FRESH },
+                    age_seconds: Some(seconds(age)),
+                    last_error,
+                });
+            }
+        }
+    }
+
+    if any_not_loaded || any_stale {
+        let reason = if any_not_loaded { NOT_LOADED } else { STALE };
+        let bad: Vec<&str> = statuses
+            .iter()
+            .filter(|s| s.state != FRESH)
+            .map(|s| s.queue.as_str())
+            .collect();
+        let error = if any_not_loaded {
+            format!(
+                "backlog of worker {} is not loaded yet: no value read for queue(s) {}",
+                worker.name,
+                bad.join(", ")
+            )
+        } else {
+            format!(
+                "backlog of worker {} is stale: queue(s) {} not refreshed within {}",
+                worker.name,
+                bad.join(", "),
+                humantime::format_duration(staleness_limit)
+            )
+        };
+        return WorkerAnswer::Unavailable(Unavailable {
+            error,
+            reason,
+            worker: worker.name.clone(),
+            queues: worker.queues.clone(),
+            queue_status: statuses,
+            staleness_limit_seconds: seconds(staleness_limit),
+            sync_slots: worker.sync_slots,
+            min_replicas: worker.min_replicas,
+            max_replicas: worker.max_replicas,
+        });
+    }
+
+    let (age, at_wall) = oldest.expect("a valid worker has at least one queue");
+    let backlog = queued.saturating_add(running);
+    WorkerAnswer::Ready(WorkerBacklog {
+        worker: worker.name.clone(),
+        queues: worker.queues.clone(),
+        queued,
+        running,
+        backlog,
+        queued_tasks,
+        running_tasks,
+        oldest_queued_age_seconds: seconds(oldest_queued),
+        sync_slots: worker.sync_slots,
+        desired_replicas: desired_replicas(
+            backlog,
+            worker.sync_slots,
+            worker.min_replicas,
+            worker.max_replicas,
+        ),
+        min_replicas: worker.min_replicas,
+        max_replicas: worker.max_replicas,
+        updated_at: rfc3339(at_wall),
+        age_seconds: seconds(age),
+    })
+}
+
+/// Seconds with millisecond precision.
+fn seconds(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::QueueBacklog;
+
+    /// `tasks` task instances of one slot each.
+    fn tasks(queued: u64, running: u64) -> QueueBacklog {
+        QueueBacklog {
+            queued_tasks: queued,
+            running_tasks: running,
+            queued_slots: queued,
+            running_slots: running,
+            oldest_queued_age: None,
+        }
+    }
+
+    fn worker(queues: &[&str], slots: u32, min: u32, max: u32) -> WorkerConfig {
+        WorkerConfig {
+            name: "w".into(),
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            sync_slots: slots,
+            min_replicas: min,
+            max_replicas: max,
+        }
+    }
+
+    #[test]
+    fn wanted_rounds_up_without_clamping() {
+        assert_eq!(wanted_replicas(0, 4), 0);
+        assert_eq!(wanted_replicas(12, 4), 3);
+        assert_eq!(wanted_replicas(13, 4), 4);
+        assert_eq!(wanted_replicas(1000, 16), 63, "above any max");
+        assert_eq!(wanted_replicas(u64::MAX, 1), u32::MAX);
+    }
+
+    #[test]
+    fn formula_rounds_up_and_clamps() {
+        assert_eq!(desired_replicas(0, 16, 0, 10), 0);
+        assert_eq!(desired_replicas(1, 16, 0, 10), 1);
+        assert_eq!(desired_replicas(16, 16, 0, 10), 1);
+        assert_eq!(desired_replicas(17, 16, 0, 10), 2);
+        assert_eq!(desired_replicas(30, 4, 0, 10), 8);
+        assert_eq!(desired_replicas(0, 16, 2, 10), 2, "held at min");
+        assert_eq!(desired_replicas(1000, 16, 0, 10), 10, "held at max");
+        assert_eq!(desired_replicas(u64::MAX, 1, 0, u32::MAX), u32::MAX);
+        assert_eq!(desired_replicas(5, 1, 3, 3), 3);
+        // The seed's example: 40 tasks at concurrency 5 → 8; 60 → its max of 8; 3 → min 1.
+        assert_eq!(desired_replicas(40, 5, 1, 8), 8);
+        assert_eq!(desired_replicas(60, 5, 1, 8), 8);
+        assert_eq!(desired_replicas(3, 5, 1, 8), 1);
+    }
+
+    #[test]
+    fn sums_queues_and_reports_the_oldest_age() {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let mut s = Snapshot::empty(&["a".to_string(), "b".to_string()]);
+        let old = now - Duration::from_secs(5);
+        s.record("a", Ok(tasks(10, 3)), old, wall - Duration::from_secs(5));
+        s.record("b", Ok(tasks(20, 0)), now, wall);
+        let WorkerAnswer::Ready(b) = worker_answer(
+            &worker(&["a", "b"], 4, 0, 100),
+            &s,
+            now,
+            Duration::from_secs(30),
+        ) else {
+            panic!("expected ready")
+        };
+        assert_eq!((b.queued, b.running, b.backlog), (30, 3, 33));
+        assert_eq!(b.desired_replicas, 9);
+        assert_eq!(b.age_seconds, 5.0);
+        assert!(b.updated_at.ends_with('Z'));
+        assert_eq!(b.oldest_queued_age_seconds, 0.0, "no wait was read");
+    }
+
+    #[test]
+    fn backlog_counts_slots_and_keeps_task_counts_beside() {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let mut s = Snapshot::empty(&["a".to_string(), "b".to_string()]);
+        // a: 2 queued tasks of 3 slots and 1 of 1, 1 running of 3; b: 1 queued of 1.
+        s.record(
+            "a",
+            Ok(QueueBacklog {
+                queued_tasks: 3,
+                running_tasks: 1,
+                queued_slots: 7,
+                running_slots: 3,
+                oldest_queued_age: Some(Duration::from_secs(40)),
+            }),
+            now - Duration::from_secs(2),
+            wall,
+        );
+        s.record(
+            "b",
+            Ok(QueueBacklog {
+                queued_slots: 1,
+                queued_tasks: 1,
+                oldest_queued_age: Some(Duration::from_secs(41)),
+                ..QueueBacklog::default()
+            }),
+            now,
+            wall,
+        );
+        let WorkerAnswer::Ready(b) = worker_answer(
+            &worker(&["a", "b"], 4, 0, 100),
+            &s,
+            now,
+            Duration::from_secs(30),
+        ) else {
+            panic!("expected ready")
+        };
+        assert_eq!((b.queued, b.running, b.backlog), (8, 3, 11));
+        assert_eq!((b.queued_tasks, b.running_tasks), (4, 1));
+        assert_eq!(b.desired_replicas, 3, "ceil(11 slots / 4)");
+        // a's 40 s as read 2 s ago is 42 s now, older than b's 41 s read just now.
+        assert_eq!(b.oldest_queued_age_seconds, 42.0);
+        let json = serde_json::to_value(&b).unwrap();
+        assert_eq!(json["backlog"], 11);
+        assert_eq!(json["queuedTasks"], 4);
+        assert_eq!(json["runningTasks"], 1);
+        assert_eq!(json["oldestQueuedAgeSeconds"], 42.0);
+    }
+
+    #[test]
+    fn a_stale_queue_makes_the_worker_unavailable_never_zero() {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let mut s = Snapshot::empty(&["a".to_string(), "b".to_string()]);
+        s.record("a", Ok(QueueBacklog::default()), now, wall);
+        s.record(
+            "b",
+            Ok(QueueBacklog::default()),
+            now - Duration::from_secs(31),
+            wall,
+        );
+        s.record("b", Err("connection refused".into()), now, wall);
+        match worker_answer(
+            &worker(&["a", "b"], 4, 0, 10),
+            &s,
+            now,
+            Duration::from_secs(30),
+        ) {
+            WorkerAnswer::Unavailable(u) => {
+                assert_eq!(u.reason, STALE);
+                assert_eq!(u.queue_status[0].state, FRESH);
+                assert_eq!(u.queue_status[1].state, STALE);
+                assert_eq!(
+                    u.queue_status[1].last_error.as_deref(),
+                    Some("connection refused")
+                );
+                assert!(u.error.contains('b'));
+            }
+            other => panic!("expected unavailable, got {other:?}"),
+        }
+        // Exactly at the limit is still fresh.
+        s.record(
+            "b",
+            Ok(QueueBacklog::default()),
+            now - Duration::from_secs(30),
+            wall,
+        );
+        assert!(matches!(
+            worker_answer(
+                &worker(&["a", "b"], 4, 0, 10),
+                &s,
+                now,
+                Duration::from_secs(30)
+            ),
+            WorkerAnswer::Ready(_)
+        ));
+    }
+
+    #[test]
+    fn a_queue_never_read_is_not_loaded() {
+        let now = Instant::now();
+        let mut s = Snapshot::empty(&["a".to_string()]);
+        s.record("a", Err("HTTP 500".into()), now, SystemTime::now());
+        match worker_answer(&worker(&["a"], 4, 0, 10), &s, now, Duration::from_secs(30)) {
+            WorkerAnswer::Unavailable(u) => {
+                assert_eq!(u.reason, NOT_LOADED);
+                assert_eq!((u.sync_slots, u.min_replicas, u.max_replicas), (4, 0, 10));
+                assert_eq!(u.queue_status[0].last_error.as_deref(), Some("HTTP 500"));
+            }
+            other => panic!("expected unavailable, got {other:?}"),
+        }
+    }
+}

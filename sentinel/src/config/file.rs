@@ -1,0 +1,831 @@
+//! The configuration file (YAML, camelCase keys, unknown keys rejected) and its validation.
+//!
+//! Parsing happens in two steps so that every error is one line naming what is wrong: the file
+//! is first read into raw structs that mirror its shape, then `validate` turns them into a
+//! [`Config`] whose values are known to be usable. Workers are parsed one by one so that even
+//! a typo in a key can name the worker it sits in. Durations are humantime's (`2s`, `1m30s`).
+
+use super::ConfigError;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use url::Url;
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How often each queue is counted upstream.
+    pub refresh_interval: Duration,
+    /// A queue value older than this is not served (its workers answer 503).
+    pub staleness_limit: Duration,
+    pub source: SourceConfig,
+    pub auth: AuthConfig,
+    pub workers: Vec<WorkerConfig>,
+    /// The cluster side: the workers' Deployments and pods, read from the Kubernetes API.
+    pub kubernetes: Option<KubernetesConfig>,
+    pub history: HistoryConfig,
+}
+
+/// Where the scaling history is kept across restarts; `None`: in memory only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryConfig {
+    pub path: Option<PathBuf>,
+}
+
+/// What the Sentinel reads and writes in the workers' namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// Where the worker Deployments (named as the workers) and their pods live.
+    pub namespace: String,
+    /// Keep each worker pod's `controller.kubernetes.io/pod-deletion-cost` equal to the task
+    /// slots it runs, so that a scale-in removes idle pods first.
+    pub idle_first_scale_in: bool,
+}
+
+/// Where backlog counts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceConfig {
+    /// Airflow's public REST API v2 at this base URL (`http://host:port`).
+    AirflowApi { url: Url },
+    /// The Airflow metadata database (the URL with credentials comes from the environment).
+    Postgres(PostgresOptions),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    pub ssl_mode: SslMode,
+    /// What the server's certificate must chain to (libpq's `sslrootcert`); always set for
+    /// `verify-ca` and `verify-full`.
+    pub ca: Option<PostgresCa>,
+}
+
+/// libpq's `sslrootcert`: a PEM file, or `system` for the operating system's trusted roots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostgresCa {
+    File(PathBuf),
+    System,
+}
+
+/// As libpq spells it: `sslrootcert=system`.
+const SYSTEM_CA: &str = "system";
+
+/// Certificates are checked unless the file says otherwise: the database holds credentials
+/// and the backlog that scaling acts on.
+pub const DEFAULT_SSL_MODE: SslMode = SslMode::VerifyFull;
+
+/// libpq's `sslmode` values, with libpq's meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The spelling of the YAML file and of libpq.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// `true` only when the file says `disabled: true`.
+    pub disabled: bool,
+    pub static_tokens_file: Option<PathBuf>,
+    pub token_review: Option<TokenReviewConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenReviewConfig {
+    pub allowed_usernames: Vec<String>,
+    /// Audiences the review asks for; empty: the API server's own.
+    pub audiences: Vec<String>,
+    pub cache_ttl: Duration,
+}
+
+/// One worker Deployment and the queues it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub name: String,
+    pub queues: Vec<String>,
+    pub sync_slots: u32,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+}
+
+pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_STALENESS_LIMIT: Duration = Duration::from_secs(30);
+pub const DEFAULT_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
+/// KEDA's bound tokens live one hour; a cached verdict must end well before the token does.
+pub const MAX_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(600);
+pub const DEFAULT_SYNC_SLOTS: u32 = 16;
+pub const DEFAULT_MIN_REPLICAS: u32 = 0;
+pub const DEFAULT_MAX_REPLICAS: u32 = 10;
+
+// ---- the file's shape ---------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default, with = "humantime_serde")]
+    refresh_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    staleness_limit: Option<Duration>,
+    source: Option<RawSource>,
+    #[serde(default)]
+    auth: Option<RawAuth>,
+    /// Kept as raw values so each worker is parsed on its own (see the module doc).
+    #[serde(default)]
+    workers: Option<Vec<serde_yaml::Value>>,
+    kubernetes: Option<RawKubernetes>,
+    #[serde(default)]
+    history: Option<RawHistory>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawHistory {
+    path: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawKubernetes {
+    namespace: Option<String>,
+    #[serde(default)]
+    idle_first_scale_in: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawSource {
+    #[serde(rename = "type")]
+    kind: Option<SourceKind>,
+    airflow_api: Option<RawAirflowApi>,
+    postgres: Option<RawPostgres>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "kebab-case")]
+enum SourceKind {
+    AirflowApi,
+    Postgres,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawAirflowApi {
+    url: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawPostgres {
+    ssl_mode: Option<SslMode>,
+    ca_file: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawAuth {
+    #[serde(default)]
+    disabled: bool,
+    static_tokens_file: Option<PathBuf>,
+    token_review: Option<RawTokenReview>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawTokenReview {
+    #[serde(default)]
+    allowed_usernames: Vec<String>,
+    #[serde(default)]
+    audiences: Vec<String>,
+    #[serde(default, with = "humantime_serde")]
+    cache_ttl: Option<Duration>,
+}
+
+/// One entry of `workers`, deserialized on its own (see the module doc).
+#[derive(Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping with the keys name, queues, syncSlots, minReplicas, maxReplicas"
+)]
+struct RawWorker {
+    name: Option<String>,
+    queues: Option<QueueList>,
+    sync_slots: Option<u32>,
+    min_replicas: Option<u32>,
+    max_replicas: Option<u32>,
+}
+
+// ---- loading ------------------------------------------------------------------------------
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(format!("--config {}: {e}", path.display())))?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates YAML text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        validate(raw)
+    }
+
+    /// Every queue any worker serves, each once, in first-seen order.
+    pub fn distinct_queues(&self) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        self.workers
+            .iter()
+            .flat_map(|w| w.queues.iter())
+            .filter(|q| seen.insert(q.as_str()))
+            .cloned()
+            .collect()
+    }
+}
+
+fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let refresh_interval = raw.refresh_interval.unwrap_or(DEFAULT_REFRESH_INTERVAL);
+    if refresh_interval.is_zero() {
+        return Err(ConfigError::new("refreshInterval: must be longer than 0"));
+    }
+    let staleness_limit = raw.staleness_limit.unwrap_or(DEFAULT_STALENESS_LIMIT);
+    if staleness_limit < refresh_interval {
+        return Err(ConfigError::new(format!(
+            "stalenessLimit: must be at least refreshInterval ({}), got {}",
+            humantime::format_duration(refresh_interval),
+            humantime::format_duration(staleness_limit)
+        )));
+    }
+    let source = validate_source(raw.source)?;
+    let auth = validate_auth(raw.auth.unwrap_or_default())?;
+    let history = validate_history(raw.history.unwrap_or_default())?;
+
+    let mut workers = Vec::new();
+    let mut first_index: HashMap<String, usize> = HashMap::new();
+    for (index, value) in raw.workers.unwrap_or_default().into_iter().enumerate() {
+        let worker = validate_worker(index, value)?;
+        if let Some(first) = first_index.get(&worker.name) {
+            return Err(ConfigError::new(format!(
+                "worker \"{}\": name: duplicate (workers[{first}] and workers[{index}] have the same name)",
+                worker.name
+            )));
+        }
+        first_index.insert(worker.name.clone(), index);
+        workers.push(worker);
+    }
+
+    let kubernetes = raw.kubernetes.map(validate_kubernetes).transpose()?;
+
+    Ok(Config {
+        refresh_interval,
+        staleness_limit,
+        source,
+        auth,
+        workers,
+        history,
+        kubernetes,
+    })
+}
+
+fn validate_kubernetes(raw: RawKubernetes) -> Result<KubernetesConfig, ConfigError> {
+    let namespace = raw
+        .namespace
+        .ok_or_else(|| ConfigError::new("kubernetes.namespace: missing"))?;
+    // A DNS-1123 label, as the API server requires of a namespace name.
+    let valid = !namespace.is_empty()
+        && namespace.len() <= 63
+        && namespace
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !namespace.starts_with('-')
+        && !namespace.ends_with('-');
+    if !valid {
+        return Err(ConfigError::new(format!(
+            "kubernetes.namespace: {namespace:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+        )));
+    }
+    Ok(KubernetesConfig {
+        namespace,
+        idle_first_scale_in: raw.idle_first_scale_in,
+    })
+}
+
+fn validate_history(raw: RawHistory) -> Result<HistoryConfig, ConfigError> {
+    let Some(path) = raw.path else {
+        return Ok(HistoryConfig::default());
+    };
+    let text = path.to_string_lossy();
+    if text.trim().is_empty() || text.ends_with('/') || path.file_name().is_none() {
+        return Err(ConfigError::new(format!(
+            "history.path: {text:?} is not a file path (e.g. /var/lib/astro-sentinel/history.bin)"
+        )));
+    }
+    Ok(HistoryConfig { path: Some(path) })
+}
+
+fn validate_source(raw: Option<RawSource>) -> Result<SourceConfig, ConfigError> {
+    let raw = raw.ok_or_else(|| ConfigError::new("source: missing (set source.type)"))?;
+    let kind = raw
+        .kind
+        .ok_or_else(|| ConfigError::new("source.type: missing (one of airflow-api, postgres)"))?;
+    // The section of the other source may be present (a chart can render both); only the
+    // one named by `type` is used.
+    match kind {
+        SourceKind::AirflowApi => {
+            let url = raw
+                .airflow_api
+                .and_then(|a| a.url)
+                .ok_or_else(|| ConfigError::new("source.airflowApi.url: missing"))?;
+            let parsed = Url::parse(&url).map_err(|e| {
+                ConfigError::new(format!("source.airflowApi.url: invalid URL {url:?}: {e}"))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(ConfigError::new(format!(
+                    "source.airflowApi.url: must start with http:// or https://, got {url:?}"
+                )));
+            }
+            Ok(SourceConfig::AirflowApi { url: parsed })
+        }
+        SourceKind::Postgres => Ok(SourceConfig::Postgres(postgres_options(
+            raw.postgres.unwrap_or_default(),
+        )?)),
+    }
+}
+
+/// libpq's rules: `verify-ca` and `verify-full` need a root certificate, and
+/// `sslrootcert=system` is only accepted with `verify-full`. Unlike libpq there is no
+/// `~/.postgresql/root.crt` default: a container has no such home file, so the CA is named.
+fn postgres_options(raw: RawPostgres) -> Result<PostgresOptions, ConfigError> {
+    let ssl_mode = raw.ssl_mode.unwrap_or(DEFAULT_SSL_MODE);
+    let ca = match raw.ca_file.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(SYSTEM_CA) => Some(PostgresCa::System),
+        Some(path) => Some(PostgresCa::File(PathBuf::from(path))),
+    };
+    match (ssl_mode, &ca) {
+        (SslMode::VerifyCa | SslMode::VerifyFull, None) => Err(ConfigError::new(format!(
+            "source.postgres.caFile: sslMode {ssl_mode} checks the server's certificate and \
+             needs the CA that signed it: set caFile to its PEM file, or to `system` for the \
+             system's trusted roots (with verify-full), or choose a weaker sslMode"
+        ))),
+        (mode, Some(PostgresCa::System)) if mode != SslMode::VerifyFull => {
+            Err(ConfigError::new(format!(
+                "source.postgres.caFile: `system` needs sslMode verify-full (as in libpq), got {mode}"
+            )))
+        }
+        _ => Ok(PostgresOptions { ssl_mode, ca }),
+    }
+}
+
+fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
+    let token_review = match raw.token_review {
+        None => None,
+        Some(tr) => {
+            if tr.allowed_usernames.is_empty() {
+                return Err(ConfigError::new(
+                    "auth.tokenReview.allowedUsernames: must list at least one username",
+                ));
+            }
+            if let Some(bad) = tr.allowed_usernames.iter().find(|u| u.trim().is_empty()) {
+                return Err(ConfigError::new(format!(
+                    "auth.tokenReview.allowedUsernames: empty username {bad:?}"
+                )));
+            }
+            if let Some(bad) = tr
+                .audiences
+                .iter()
+                .find(|a| a.is_empty() || a.trim() != a.as_str())
+            {
+                return Err(ConfigError::new(format!(
+                    "auth.tokenReview.audiences: {bad:?} is empty or has surrounding whitespace"
+                )));
+            }
+            let cache_ttl = tr.cache_ttl.unwrap_or(DEFAULT_TOKEN_REVIEW_CACHE_TTL);
+            if cache_ttl.is_zero() || cache_ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
+                return Err(ConfigError::new(format!(
+                    "auth.tokenReview.cacheTtl: must be between 1s and {}, got {}",
+                    humantime::format_duration(MAX_TOKEN_REVIEW_CACHE_TTL),
+                    humantime::format_duration(cache_ttl)
+                )));
+            }
+            Some(TokenReviewConfig {
+                allowed_usernames: tr.allowed_usernames,
+                audiences: tr.audiences,
+                cache_ttl,
+            })
+        }
+    };
+    if !raw.disabled && raw.static_tokens_file.is_none() && token_review.is_none() {
+        return Err(ConfigError::new(
+            "auth: no method configured: set auth.staticTokensFile and/or auth.tokenReview, \
+             or auth.disabled: true to serve /v1 without authentication",
+        ));
+    }
+    Ok(AuthConfig {
+        disabled: raw.disabled,
+        static_tokens_file: raw.static_tokens_file,
+        token_review,
+    })
+}
+
+/// Checks one worker entry; every message starts with the worker it concerns.
+fn validate_worker(index: usize, value: serde_yaml::Value) -> Result<WorkerConfig, ConfigError> {
+    // Name the worker in every message, even when the rest of the entry does not parse.
+    let label = match value.get("name").and_then(|n| n.as_str()) {
+        Some(name) => format!("worker \"{name}\""),
+        None => format!("workers[{index}]"),
+    };
+    let fail = |what: String| ConfigError::new(format!("{label}: {what}"));
+    let raw: RawWorker = serde_path_to_error::deserialize(value).map_err(|e| {
+        // The path is the key of a value that does not parse, "." for the entry as a whole
+        // (an unknown key, not a mapping).
+        match e.path().to_string().as_str() {
+            "." => fail(e.inner().to_string()),
+            key => fail(format!("{key}: {}", e.inner())),
+        }
+    })?;
+    let name = raw.name.ok_or_else(|| fail("name: missing".into()))?;
+    if !is_object_name(&name) {
+        return Err(fail(format!(
+            "name: {name:?} is not a Kubernetes object name (lowercase letters, digits, '-', '.', at most 253)"
+        )));
+    }
+    let queues = raw.queues.map(|QueueList(q)| q).unwrap_or_default();
+    if queues.is_empty() {
+        return Err(fail("queues: must list at least one queue".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for queue in &queues {
+        if queue.is_empty() {
+            return Err(fail("queues: empty queue name".into()));
+        }
+        if !seen.insert(queue) {
+            return Err(fail(format!("queues: {queue:?} is listed twice")));
+        }
+    }
+    let sync_slots = raw.sync_slots.unwrap_or(DEFAULT_SYNC_SLOTS);
+    if sync_slots < 1 {
+        return Err(fail(format!(
+            "syncSlots: must be at least 1, got {sync_slots}"
+        )));
+    }
+    let min_replicas = raw.min_replicas.unwrap_or(DEFAULT_MIN_REPLICAS);
+    let max_replicas = raw.max_replicas.unwrap_or(DEFAULT_MAX_REPLICAS);
+    if min_replicas > max_replicas {
+        return Err(fail(format!(
+            "minReplicas: {min_replicas} is greater than maxReplicas {max_replicas}"
+        )));
+    }
+    Ok(WorkerConfig {
+        name,
+        queues,
+        sync_slots,
+        min_replicas,
+        max_replicas,
+    })
+}
+
+/// A DNS-1123 subdomain: what Kubernetes accepts as a Deployment name. Such a name is also
+/// safe as a URL path segment, which is how KEDA asks for it.
+fn is_object_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 253
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'.')
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+// ---- field formats ------------------------------------------------------------------------
+
+/// A list of queue names; a comma-separated string is accepted too (the agent's `--queues`
+/// form), so a chart can pass the same value to both.
+struct QueueList(Vec<String>);
+
+impl<'de> Deserialize<'de> for QueueList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = QueueList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of queue names")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(QueueList(
+                    s.split(',').map(|q| q.trim().to_string()).collect(),
+                ))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(q) = seq.next_element::<String>()? {
+                    out.push(q.trim().to_string());
+                }
+                Ok(QueueList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "
+source:
+  type: airflow-api
+  airflowApi:
+    url: http://airflow:8080
+auth:
+  staticTokensFile: /tokens
+";
+
+    fn with_workers(workers: &str) -> Result<Config, ConfigError> {
+        Config::parse(&format!("{BASE}workers:\n{workers}"))
+    }
+
+    #[test]
+    fn the_kubernetes_section_names_its_namespace() {
+        let c = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: airflow-workers\n  idleFirstScaleIn: true\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.kubernetes,
+            Some(KubernetesConfig {
+                namespace: "airflow-workers".into(),
+                idle_first_scale_in: true
+            })
+        );
+        assert_eq!(Config::parse(BASE).unwrap().kubernetes, None);
+        let missing = Config::parse(&format!("{BASE}kubernetes:\n  idleFirstScaleIn: true\n"))
+            .unwrap_err()
+            .0;
+        assert_eq!(missing, "kubernetes.namespace: missing");
+        let bad = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: Airflow_Workers\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(
+            bad.starts_with("kubernetes.namespace: \"Airflow_Workers\""),
+            "{bad}"
+        );
+        let unknown = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: a\n  idleFirst: true\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(unknown.contains("idleFirst"), "{unknown}");
+    }
+
+    #[test]
+    fn the_documented_example_parses_with_defaults() {
+        let c = Config::parse(
+            "
+refreshInterval: 2s
+stalenessLimit: 30s
+source:
+  type: airflow-api
+  airflowApi:
+    url: http://airflow-api-server:8080
+  postgres:
+    sslMode: verify-full
+    caFile: /path/ca.crt
+auth:
+  disabled: false
+  staticTokensFile: /etc/astro-sentinel/tokens/tokens
+  tokenReview:
+    allowedUsernames: [\"system:serviceaccount:keda:astro-agent-keda\"]
+    audiences: [\"astro-sentinel\"]
+    cacheTtl: 60s
+workers:
+  - name: astro-worker-default
+    queues: [\"default\"]
+    syncSlots: 16
+    minReplicas: 0
+    maxReplicas: 10
+  - name: astro-worker-etl
+    queues: \"etl, heavy\"
+",
+        )
+        .unwrap();
+        assert_eq!(c.refresh_interval, Duration::from_secs(2));
+        assert_eq!(c.staleness_limit, Duration::from_secs(30));
+        assert!(matches!(c.source, SourceConfig::AirflowApi { .. }));
+        assert_eq!(c.workers.len(), 2);
+        assert_eq!(c.workers[1].queues, vec!["etl", "heavy"]);
+        assert_eq!(c.workers[1].sync_slots, DEFAULT_SYNC_SLOTS);
+        assert_eq!(c.workers[1].max_replicas, DEFAULT_MAX_REPLICAS);
+        let tr = c.auth.token_review.unwrap();
+        assert_eq!(tr.cache_ttl, Duration::from_secs(60));
+        assert_eq!(tr.audiences, vec!["astro-sentinel"]);
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = with_workers("  - {name: w, queues: [a]}\n").unwrap();
+        assert_eq!(c.refresh_interval, DEFAULT_REFRESH_INTERVAL);
+        assert_eq!(c.staleness_limit, DEFAULT_STALENESS_LIMIT);
+    }
+
+    #[test]
+    fn distinct_queues_lists_each_queue_once() {
+        let c = with_workers(
+            "  - {name: a, queues: [q1, q2]}\n  - {name: b, queues: [q2, q3]}\n  - {name: c, queues: [q1]}\n",
+        )
+        .unwrap();
+        assert_eq!(c.distinct_queues(), vec!["q1", "q2", "q3"]);
+    }
+
+    fn err(workers: &str) -> String {
+        let e = with_workers(workers).unwrap_err().0;
+        assert!(!e.contains('\n'), "not one line: {e}");
+        e
+    }
+
+    #[test]
+    fn worker_errors_name_worker_and_field() {
+        let e = err("  - {name: w1, queues: [a], syncSlots: 0}\n");
+        assert!(
+            e.contains("worker \"w1\"") && e.contains("syncSlots"),
+            "{e}"
+        );
+        let e = err("  - {name: w2, queues: []}\n");
+        assert!(e.contains("worker \"w2\"") && e.contains("queues"), "{e}");
+        let e = err("  - {name: w3}\n");
+        assert!(e.contains("worker \"w3\"") && e.contains("queues"), "{e}");
+        let e = err("  - {name: w4, queues: [a], minReplicas: 3, maxReplicas: 2}\n");
+        assert!(
+            e.contains("worker \"w4\"") && e.contains("minReplicas"),
+            "{e}"
+        );
+        let e = err("  - {name: w5, queues: [a], queus: [b]}\n");
+        assert!(e.contains("worker \"w5\"") && e.contains("queus"), "{e}");
+        let e = err("  - {name: w6, queues: [a]}\n  - {name: w6, queues: [b]}\n");
+        assert!(
+            e.contains("worker \"w6\"") && e.contains("duplicate"),
+            "{e}"
+        );
+        let e = err("  - {name: w7, queues: [a, a]}\n");
+        assert!(e.contains("worker \"w7\"") && e.contains("queues"), "{e}");
+        let e = err("  - {name: W_8, queues: [a]}\n");
+        assert!(e.contains("W_8") && e.contains("name"), "{e}");
+        let e = err("  - {queues: [a]}\n");
+        assert!(e.contains("workers[0]") && e.contains("name"), "{e}");
+        let e = err("  - just-a-name\n");
+        assert!(e.contains("workers[0]") && e.contains("mapping"), "{e}");
+        let e = err("  - {name: w9, queues: [a], syncSlots: -1}\n");
+        assert!(
+            e.contains("worker \"w9\"") && e.contains("syncSlots"),
+            "{e}"
+        );
+        let e = err("  - {name: w10, queues: [a], maxReplicas: many}\n");
+        assert!(
+            e.contains("worker \"w10\"") && e.contains("maxReplicas"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn top_level_errors_name_the_field() {
+        let e = Config::parse(&format!("{BASE}refreshInteval: 2s\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("refreshInteval"), "{e}");
+        let e = Config::parse(&format!("{BASE}refreshInterval: soon\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("refreshInterval") || e.contains("soon"), "{e}");
+        let e = Config::parse(&format!("{BASE}stalenessLimit: 1s\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("stalenessLimit"), "{e}");
+        let e = Config::parse("source: {type: mysql}\nauth: {disabled: true}\n")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("mysql"), "{e}");
+        let e = Config::parse("source: {type: airflow-api}\nauth: {disabled: true}\n")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("source.airflowApi.url"), "{e}");
+        const PG: &str = "source: {type: postgres, postgres: {sslMode: disable}}";
+        let e = Config::parse(&format!("{PG}\n")).unwrap_err().0;
+        assert!(e.starts_with("auth"), "{e}");
+        let e = Config::parse(&format!(
+            "{PG}\nauth: {{tokenReview: {{allowedUsernames: []}}}}\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(e.contains("allowedUsernames"), "{e}");
+        let e = Config::parse(&format!(
+            "{PG}\nauth: {{tokenReview: {{allowedUsernames: [u], audiences: [\" x\"]}}}}\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(e.contains("auth.tokenReview.audiences"), "{e}");
+    }
+
+    #[test]
+    fn history_path_is_optional_and_must_name_a_file() {
+        let c = with_workers("  - {name: w, queues: [a]}\n").unwrap();
+        assert_eq!(c.history.path, None, "memory only by default");
+        let c = Config::parse(&format!(
+            "{BASE}history:\n  path: /var/lib/astro-sentinel/history.bin\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.history.path.as_deref(),
+            Some(Path::new("/var/lib/astro-sentinel/history.bin"))
+        );
+        for bad in ["\"\"", "/var/lib/astro-sentinel/", "/var/lib/.."] {
+            let e = Config::parse(&format!("{BASE}history:\n  path: {bad}\n"))
+                .unwrap_err()
+                .0;
+            assert!(e.starts_with("history.path:"), "{bad}: {e}");
+        }
+        let e = Config::parse(&format!("{BASE}history:\n  file: /x\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("file") && e.contains("path"), "{e}");
+    }
+
+    #[test]
+    fn auth_off_only_when_explicit() {
+        let c = Config::parse(
+            "source: {type: postgres, postgres: {sslMode: disable}}\nauth: {disabled: true}\n",
+        )
+        .unwrap();
+        assert!(c.auth.disabled);
+    }
+
+    fn postgres(options: &str) -> Result<PostgresOptions, String> {
+        let yaml = format!("source: {{type: postgres, postgres: {options}}}\n{BASE_AUTH}");
+        match Config::parse(&yaml) {
+            Ok(c) => match c.source {
+                SourceConfig::Postgres(o) => Ok(o),
+                other => panic!("{other:?}"),
+            },
+            Err(e) => Err(e.0),
+        }
+    }
+
+    const BASE_AUTH: &str = "auth: {disabled: true}\n";
+
+    #[test]
+    fn postgres_checks_certificates_by_default_and_needs_a_ca_for_it() {
+        let e = postgres("{}").unwrap_err();
+        assert!(
+            e.starts_with("source.postgres.caFile:") && e.contains("verify-full"),
+            "{e}"
+        );
+        assert_eq!(
+            postgres("{caFile: /ca.pem}").unwrap(),
+            PostgresOptions {
+                ssl_mode: SslMode::VerifyFull,
+                ca: Some(PostgresCa::File("/ca.pem".into())),
+            }
+        );
+        assert_eq!(
+            postgres("{caFile: system}").unwrap().ca,
+            Some(PostgresCa::System)
+        );
+        let e = postgres("{sslMode: verify-ca}").unwrap_err();
+        assert!(e.contains("caFile") && e.contains("verify-ca"), "{e}");
+        let e = postgres("{sslMode: verify-ca, caFile: system}").unwrap_err();
+        assert!(e.contains("caFile") && e.contains("verify-full"), "{e}");
+        let e = postgres("{sslMode: require, caFile: system}").unwrap_err();
+        assert!(e.contains("caFile"), "{e}");
+        for weaker in ["disable", "prefer", "require"] {
+            let o = postgres(&format!("{{sslMode: {weaker}}}")).unwrap();
+            assert_eq!((o.ssl_mode.as_str(), o.ca), (weaker, None));
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Per-worker gauges of the pool itself: the replicas the autoscaler set, where the Deployment's
+//! pods stand, and the replica bounds the Sentinel was configured with.
+//!
+//! They let alerts work from the Sentinel's series alone. The workers' own series vanish when a
+//! pool sits at zero replicas, which is exactly when "work waits and nothing scales" must be
+//! seen; the Sentinel's series do not (and need no kube-state-metrics).
+//!
+//! The replica and pod gauges come from the cluster watch and are absent while it is unknown
+//! (no `kubernetes` section, watch not listed yet or failing, no such Deployment), never 0.
+//! The bounds come from the configuration and are always present.
+//!
+//! Naming follows Prometheus practice: a `sum` over any label must mean something, so
+//! `spec.replicas` and the bounds are metrics of their own rather than values of a `state` label
+//! on the pod counts (compare kube-state-metrics' `kube_deployment_spec_replicas` and
+//! `kube_horizontalpodautoscaler_spec_{min,max}_replicas`).
+
+use crate::config::file::WorkerConfig;
+use crate::metrics::gauge_vec;
+use crate::pool::ClusterSource;
+use prometheus::{IntGaugeVec, Registry};
+use std::sync::{Arc, OnceLock};
+
+pub struct ReplicaGauges {
+    replicas: IntGaugeVec,
+    pods: IntGaugeVec,
+    min_replicas: IntGaugeVec,
+    max_replicas: IntGaugeVec,
+    /// Set once at start when the Sentinel has a view of the cluster.
+    cluster: OnceLock<Arc<dyn ClusterSource>>,
+}
+
+impl ReplicaGauges {
+    pub fn register(r: &Registry) -> Self {
+        ReplicaGauges {
+            replicas: gauge_vec(
+                r,
+                "astro_sentinel_worker_replicas",
+                "Replicas the autoscaler set on the worker Deployment (spec.replicas; absent while the cluster view is unknown).",
+                &["worker"],
+            ),
+            pods: gauge_vec(
+                r,
+                "astro_sentinel_worker_pods",
+                "Pods of the worker Deployment by state: running (Ready), waiting (unschedulable: no node has room), terminating (draining); starting pods are in none (absent while the cluster view is unknown).",
+                &["worker", "state"],
+            ),
+            min_replicas: gauge_vec(
+                r,
+                "astro_sentinel_worker_min_replicas",
+                "The worker's minReplicas as configured in the Sentinel.",
+                &["worker"],
+            ),
+            max_replicas: gauge_vec(
+                r,
+                "astro_sentinel_worker_max_replicas",
+                "The worker's maxReplicas as configured in the Sentinel.",
+                &["worker"],
+            ),
+            cluster: OnceLock::new(),
+        }
+    }
+
+    /// Reads replicas and pods from `cluster` from now on (the first call wins).
+    pub fn follow(&self, cluster: Arc<dyn ClusterSource>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// Refills every gauge for `workers`; the caller serialises scrapes.
+    pub fn fill(&self, workers: &[WorkerConfig]) {
+        self.replicas.reset();
+        self.pods.reset();
+        self.min_replicas.reset();
+        self.max_replicas.reset();
+        for worker in workers {
+            let name = worker.name.as_str();
+            self.min_replicas
+                .with_label_values(&[name])
+                .set(i64::from(worker.min_replicas));
+            self.max_replicas
+                .with_label_values(&[name])
+                .set(i64::from(worker.max_replicas));
+            let Some(cluster) = self.cluster.get() else {
+                continue;
+            };
+            let view = cluster.view(name);
+            if let Some(n) = view.workers {
+                self.replicas.with_label_values(&[name]).set(i64::from(n));
+            }
+            for (state, count) in [
+                ("running", view.running),
+                ("waiting", view.waiting),
+                ("terminating", view.terminating),
+            ] {
+                if let Some(n) = count {
+                    self.pods
+                        .with_label_values(&[name, state])
+                        .set(i64::from(n));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::ClusterView;
+    use prometheus::{Encoder, TextEncoder};
+
+    struct OneDeployment(ClusterView);
+
+    impl ClusterSource for OneDeployment {
+        fn view(&self, deployment: &str) -> ClusterView {
+            if deployment == "astro-worker-a" {
+                self.0
+            } else {
+                ClusterView::default()
+            }
+        }
+    }
+
+    fn worker(name: &str, min: u32, max: u32) -> WorkerConfig {
+        WorkerConfig {
+            name: name.into(),
+            queues: vec!["q".into()],
+            sync_slots: 4,
+            min_replicas: min,
+            max_replicas: max,
+        }
+    }
+
+    fn exposition(r: &Registry) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&r.gather(), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn bounds_always_and_replicas_only_where_the_cluster_knows() {
+        let r = Registry::new();
+        let gauges = ReplicaGauges::register(&r);
+        let workers = [
+            worker("astro-worker-a", 0, 10),
+            worker("astro-worker-b", 1, 3),
+        ];
+
+        gauges.fill(&workers);
+        let text = exposition(&r);
+        assert!(text.contains("astro_sentinel_worker_max_replicas{worker=\"astro-worker-a\"} 10"));
+        assert!(text.contains("astro_sentinel_worker_min_replicas{worker=\"astro-worker-b\"} 1"));
+        assert!(!text.contains("astro_sentinel_worker_replicas{"), "{text}");
+        assert!(!text.contains("astro_sentinel_worker_pods{"), "{text}");
+
+        // At zero the series are there with 0: what the at-zero alerts need.
+        gauges.follow(Arc::new(OneDeployment(ClusterView {
+            workers: Some(0),
+            running: Some(0),
+            waiting: Some(0),
+            terminating: Some(0),
+        })));
+        gauges.fill(&workers);
+        let text = exposition(&r);
+        assert!(text.contains("astro_sentinel_worker_replicas{worker=\"astro-worker-a\"} 0"));
+        assert!(
+            text.contains(
+                "astro_sentinel_worker_pods{state=\"waiting\",worker=\"astro-worker-a\"} 0"
+            ),
+            "{text}"
+        );
+        // A Deployment the cluster does not know: unknown, not 0.
+        assert!(!text.contains("astro_sentinel_worker_replicas{worker=\"astro-worker-b\"}"));
+        assert!(!text.contains("state=\"running\",worker=\"astro-worker-b\""));
+    }
+
+    #[test]
+    fn pod_counts_by_state() {
+        let r = Registry::new();
+        let gauges = ReplicaGauges::register(&r);
+        gauges.follow(Arc::new(OneDeployment(ClusterView {
+            workers: Some(5),
+            running: Some(2),
+            waiting: Some(3),
+            terminating: Some(1),
+        })));
+        gauges.fill(&[worker("astro-worker-a", 0, 5)]);
+        let text = exposition(&r);
+        for line in [
+            "astro_sentinel_worker_replicas{worker=\"astro-worker-a\"} 5",
+            "astro_sentinel_worker_pods{state=\"running\",worker=\"astro-worker-a\"} 2",
+            "astro_sentinel_worker_pods{state=\"waiting\",worker=\"astro-worker-a\"} 3",
+            "astro_sentinel_worker_pods{state=\"terminating\",worker=\"astro-worker-a\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Idle workers leave first: each worker pod's `controller.kubernetes.io/pod-deletion-cost`
+//! is kept equal to the task slots it runs (Airflow's running task instances whose hostname is
+//! the pod's name, Σ `pool_slots`). On a scale-in the ReplicaSet controller deletes pods with
+//! the lowest cost first, so an idle pod goes before a busy one, which would otherwise drain
+//! for up to its grace period while the idle one stays.
+//!
+//! Only Ready pods are annotated (the controller deletes unready ones first anyway), and only
+//! when the value changes: at rest this writes nothing, and with no Ready worker pod it does not
+//! ask Airflow either. A pod without the annotation counts
+//! as 0, so an idle pod that never ran a task is not patched at all. The worker pods need no
+//! API token for this; the Sentinel patches them (RBAC: `patch` on pods in the namespace).
+
+use super::workload_watch::WorkloadWatch;
+use crate::sources::BacklogSource;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use prometheus::IntCounterVec;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+pub struct DeletionCostLoop {
+    pub source: Arc<dyn BacklogSource>,
+    pub watch: Arc<WorkloadWatch>,
+    pub pods: Api<Pod>,
+    /// Each worker Deployment with the queues it serves.
+    pub workers: Vec<(String, Vec<String>)>,
+    pub interval: Duration,
+    /// `astro_sentinel_pod_deletion_cost_patches_total{outcome}`.
+    pub patches: IntCounterVec,
+}
+
+impl DeletionCostLoop {
+    pub async fn run(self, shutdown: CancellationToken) {
+        let queues: Vec<String> = {
+            let mut all: Vec<String> = self.workers.iter().flat_map(|(_, q)| q.clone()).collect();
+            all.sort();
+            all.dedup();
+            all
+        };
+        let mut failing = false;
+        loop {
+            // No Ready worker pod, nothing to annotate: a pool at rest costs Airflow nothing.
+            if self.any_running_pod() {
+                match self.source.running_slots_by_host(&queues).await {
+                    Ok(slots) => {
+                        if failing {
+                            tracing::info!("running task slots by worker readable again");
+                            failing = false;
+                        }
+                        self.annotate(&slots).await;
+                    }
+                    Err(e) => {
+                        // Costs stay as they were: a stale hint is better than marking busy pods idle.
+                        if !failing {
+                            tracing::warn!(error = %e, "cannot read running task slots by worker; pod deletion costs left as they are");
+                            failing = true;
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.interval) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    fn any_running_pod(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|(deployment, _)| !self.watch.running_pods(deployment).is_empty())
+    }
+
+    async fn annotate(&self, slots: &HashMap<String, u64>) {
+        for (deployment, _) in &self.workers {
+            for pod in self.watch.running_pods(deployment) {
+                let Some(name) = pod.metadata.name.as_deref() else {
+                    continue;
+                };
+                let wanted = slots.get(name).copied().unwrap_or(0);
+                let current = pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DELETION_COST))
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0);
+                if current == wanted as i64 {
+                    continue;
+                }
+                let patch = serde_json::json!({
+                    "metadata": {"annotations": {DELETION_COST: wanted.to_string()}}
+                });
+                match self
+                    .pods
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {
+                        self.patches.with_label_values(&["ok"]).inc();
+                        tracing::debug!(pod = name, cost = wanted, "pod deletion cost set");
+                    }
+                    Err(e) => {
+                        self.patches.with_label_values(&["error"]).inc();
+                        tracing::warn!(pod = name, error = %e, "cannot set the pod deletion cost");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! The pool view: what each worker pool has right now — the replicas the autoscaler set, the
+//! workers running, waiting for room or on their way out — and the pod-deletion cost that makes
+//! a scale-in remove idle workers first.
+//!
+//! Inside Kubernetes the [`WorkloadWatch`] follows the workers' Deployments and pods with
+//! watches; outside it (no `kubernetes` section: the demo, a Sentinel outside the cluster) the
+//! [`EdgeWorkerCensus`] counts Airflow's list of Edge workers. Both answer as a
+//! [`ClusterSource`], which the history and the replica gauges read; a line neither can tell is
+//! unknown, never zero.
+//!
+//! Nothing here reads the history: the history reads this.
+
+mod cluster_view;
+mod deletion_cost;
+mod edge_worker_census;
+mod pod_state;
+mod workload_watch;
+
+pub use cluster_view::{ClusterSource, ClusterView, NoClusterSource};
+pub use deletion_cost::DeletionCostLoop;
+pub use edge_worker_census::EdgeWorkerCensus;
+pub use workload_watch::WorkloadWatch;

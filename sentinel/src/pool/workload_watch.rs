@@ -1,0 +1,168 @@
+//! Watches (list once, then follow changes; never polls) the Deployments and pods of the
+//! workers' namespace, keeping both in memory, so that each refresh can say per worker what the
+//! autoscaler set and where its pods stand without a request to the API server.
+//!
+//! kube-runtime's watcher re-lists after a broken or expired watch and backs off while the API
+//! server is unreachable; until a first list has completed, or while the watch is failing, the
+//! view is unknown rather than a count of what happens to be cached.
+
+use super::cluster_view::{ClusterSource, ClusterView};
+use super::pod_state::{pod_state, selects, PodState};
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+pub struct WorkloadWatch {
+    namespace: String,
+    deployments: Store<Deployment>,
+    pods: Store<Pod>,
+    deployments_healthy: Arc<AtomicBool>,
+    pods_healthy: Arc<AtomicBool>,
+}
+
+impl WorkloadWatch {
+    /// Starts both watches; they run until `shutdown` is cancelled.
+    pub fn start(client: Client, namespace: &str, shutdown: CancellationToken) -> Self {
+        let (deployments, deployments_healthy) = follow(
+            Api::<Deployment>::namespaced(client.clone(), namespace),
+            shutdown.clone(),
+        );
+        let (pods, pods_healthy) = follow(Api::<Pod>::namespaced(client, namespace), shutdown);
+        WorkloadWatch {
+            namespace: namespace.to_string(),
+            deployments,
+            pods,
+            deployments_healthy,
+            pods_healthy,
+        }
+    }
+
+    /// The Deployment named `deployment` as the cluster sees it; all unknown while a watch
+    /// has not listed yet or is failing, or when there is no such Deployment.
+    fn cluster_view(&self, deployment: &str) -> ClusterView {
+        if !self.ready() {
+            return ClusterView::default();
+        }
+        let Some(found) = self.deployment(deployment) else {
+            return ClusterView::default();
+        };
+        let mut view = ClusterView {
+            workers: found
+                .spec
+                .as_ref()
+                .map(|s| s.replicas.unwrap_or(1).max(0) as u32),
+            running: Some(0),
+            waiting: Some(0),
+            terminating: Some(0),
+        };
+        for pod in self.pods_of(&found) {
+            let count = match pod_state(&pod) {
+                PodState::Running => &mut view.running,
+                PodState::WaitingForCapacity => &mut view.waiting,
+                PodState::Terminating => &mut view.terminating,
+                PodState::Starting => continue,
+            };
+            *count = count.map(|n| n + 1);
+        }
+        view
+    }
+
+    /// The pods of `deployment` that take tasks (Ready, not being deleted); empty while the
+    /// watches are not ready.
+    pub fn running_pods(&self, deployment: &str) -> Vec<Arc<Pod>> {
+        if !self.ready() {
+            return Vec::new();
+        }
+        match self.deployment(deployment) {
+            Some(found) => self
+                .pods_of(&found)
+                .into_iter()
+                .filter(|p| pod_state(p) == PodState::Running)
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.deployments_healthy.load(Ordering::Relaxed)
+            && self.pods_healthy.load(Ordering::Relaxed)
+    }
+
+    fn deployment(&self, name: &str) -> Option<Arc<Deployment>> {
+        self.deployments
+            .get(&ObjectRef::new(name).within(&self.namespace))
+    }
+
+    /// What the Deployment's selector takes (the ReplicaSet controller's own rule).
+    fn pods_of(&self, deployment: &Deployment) -> Vec<Arc<Pod>> {
+        let Some(selector) = deployment.spec.as_ref().map(|s| &s.selector) else {
+            return Vec::new();
+        };
+        self.pods
+            .state_filter(|pod| selects(selector, pod.metadata.labels.as_ref()))
+    }
+}
+
+impl ClusterSource for WorkloadWatch {
+    fn view(&self, deployment: &str) -> ClusterView {
+        self.cluster_view(deployment)
+    }
+}
+
+/// A reflector over `api`: its store, and whether it holds a complete, current picture (a first
+/// list done and no error since the last successful event).
+fn follow<K>(api: Api<K>, shutdown: CancellationToken) -> (Store<K>, Arc<AtomicBool>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = healthy.clone();
+    let kind = K::kind(&()).to_string();
+    let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut failing = false;
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                _ = shutdown.cancelled() => return,
+            };
+            match event {
+                Some(Ok(watcher::Event::InitDone))
+                | Some(Ok(watcher::Event::Apply(_)))
+                | Some(Ok(watcher::Event::Delete(_))) => {
+                    if failing {
+                        tracing::info!(kind, "watch of worker {kind}s recovered");
+                        failing = false;
+                    }
+                    // Complete once the first list is in (InitDone, the first event of this
+                    // kind), and again after an error once the watcher resumed or re-listed.
+                    flag.store(true, Ordering::Relaxed);
+                }
+                Some(Ok(_)) => {} // Init, InitApply: a (re-)list under way
+                Some(Err(e)) => {
+                    if !failing {
+                        tracing::warn!(kind, error = %e, "watch of worker {kind}s failing; their counts are unknown until it recovers");
+                        failing = true;
+                    }
+                    flag.store(false, Ordering::Relaxed);
+                }
+                None => return,
+            }
+        }
+    });
+    (store, healthy)
+}

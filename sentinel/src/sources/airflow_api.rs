@@ -1,0 +1,263 @@
+//! Backlog from Airflow's public REST API v2, through the shared [`RestApiClient`] (token or
+//! username/password with a new login on 401). Works where the database is out of reach.
+//!
+//! The API cannot sum `pool_slots` nor filter or sort on it, so an exact slot count lists the
+//! queue's queued and running task instances: `state=queued&state=running&order_by=id`, one
+//! page first (which tells the total), then the remaining pages a few at a time. The same
+//! listing gives the task counts and the oldest `queued_when`, so nothing else is asked.
+//! Cost per queue and refresh: `max(1, ceil(n / page))` requests for `n` queued + running task
+//! instances, where `page` is the server's `[api] maximum_page_limit` (100 by default; we ask
+//! for up to 1000 and step by what comes back). Pages are read by offset, so a task instance
+//! that leaves the list while a queue is read can shift another past a page boundary; ids are
+//! de-duplicated, so nothing is counted twice, and the next refresh reads it again.
+//!
+//! Queues are read concurrently, a few at a time, so that 50 queues do not take 50 round trips
+//! in a row nor hit Airflow all at once.
+//!
+//! A refresh has a time budget for silence: an api-server that accepts connections but never
+//! answers would otherwise hold the loop for one request timeout per wave of queues (minutes
+//! with many queues), delaying recovery long after it answers again. When no page has been
+//! answered for the budget, queues still being read count as failed for this refresh. A large
+//! backlog whose pages keep coming is read to the end, however long that takes (pick a
+//! staleness limit above it: values are dated from the start of the read).
+
+use crate::sources::{BacklogSource, QueueBacklog, QueueOutcome};
+use airflow::edge_worker_list::ListedEdgeWorker;
+use airflow::rest_api::{ListedTaskInstance, RestApiClient, RestCredentials, TaskInstancePage};
+use airflow::trusted_ca::TrustedCa;
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
+use prometheus::IntCounter;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+use url::Url;
+
+/// Queues read at the same time.
+const CONCURRENT_QUEUES: usize = 8;
+/// Pages of one queue read at the same time, once the first page told how many there are.
+const CONCURRENT_PAGES: usize = 4;
+/// The default time one refresh may go without any answer (see the module doc).
+pub const REFRESH_BUDGET: Duration = Duration::from_secs(10);
+
+pub struct AirflowApiSource {
+    client: RestApiClient,
+    /// Counts every count request sent (logins are the client's business and not counted).
+    requests: IntCounter,
+    budget: Duration,
+}
+
+impl AirflowApiSource {
+    pub fn new(
+        base: &Url,
+        credentials: RestCredentials,
+        requests: IntCounter,
+        ca: Option<&TrustedCa>,
+    ) -> Result<Self, String> {
+        let client = RestApiClient::new(
+            base,
+            credentials,
+            concat!("astro-sentinel/", env!("CARGO_PKG_VERSION")),
+            ca,
+        )
+        .map_err(|e| format!("cannot build the REST API client: {e}"))?;
+        Ok(AirflowApiSource {
+            client,
+            requests,
+            budget: REFRESH_BUDGET,
+        })
+    }
+
+    /// Replaces the refresh time budget (tests use a short one).
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    async fn page(
+        &self,
+        queue: &[String],
+        offset: u64,
+        progress: &Progress,
+    ) -> Result<TaskInstancePage, String> {
+        self.requests.inc();
+        let page = self
+            .client
+            .task_instances_page(queue, &["queued", "running"], offset)
+            .await
+            .map_err(|e| format!("queued+running task instances: {e}"));
+        progress.answered();
+        page
+    }
+
+    async fn labelled(&self, queue: &str, progress: &Progress) -> (String, QueueOutcome) {
+        (queue.to_owned(), self.queue_backlog(queue, progress).await)
+    }
+
+    /// Every queued and running task instance of `queue`, tallied. Queued and running come
+    /// from the same listing: a task that starts while the queue is read is still listed once.
+    async fn queue_backlog(&self, queue: &str, progress: &Progress) -> QueueOutcome {
+        let read_at = SystemTime::now();
+        let queue = [queue.to_owned()];
+        let first = self.page(&queue, 0, progress).await?;
+        let step = first.task_instances.len() as u64;
+        let total = first.total_entries;
+        if step == 0 && total > 0 {
+            // Counting what was listed would make up a 0.
+            return Err(format!(
+                "the api-server counts {total} queued+running task instances but lists none"
+            ));
+        }
+        let mut tally = Tally::default();
+        tally.add(first.task_instances);
+        if step > 0 && step < total {
+            let offsets = (1..).map(|i| i * step).take_while(|offset| *offset < total);
+            let pages: Vec<TaskInstancePage> = futures_util::stream::iter(
+                offsets.map(|offset| self.page(&queue, offset, progress)),
+            )
+            .buffered(CONCURRENT_PAGES)
+            .try_collect()
+            .await?;
+            for page in pages {
+                tally.add(page.task_instances);
+            }
+        }
+        Ok(tally.backlog(read_at))
+    }
+}
+
+/// When the api-server last answered during a refresh (tokio's clock, for paused-time tests).
+struct Progress(Mutex<tokio::time::Instant>);
+
+impl Progress {
+    fn new() -> Self {
+        Progress(Mutex::new(tokio::time::Instant::now()))
+    }
+
+    fn answered(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+    }
+
+    /// Resolves once nothing has been answered for `budget`.
+    async fn silent_for(&self, budget: Duration) {
+        loop {
+            let last = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if last.elapsed() >= budget {
+                return;
+            }
+            tokio::time::sleep_until(last + budget).await;
+        }
+    }
+}
+
+/// The backlog of the task instances listed so far, each counted once.
+#[derive(Default)]
+struct Tally {
+    seen: HashSet<String>,
+    backlog: QueueBacklog,
+    oldest_queued: Option<SystemTime>,
+}
+
+impl Tally {
+    fn add(&mut self, listed: Vec<ListedTaskInstance>) {
+        for ti in listed {
+            if !self.seen.insert(ti.id) {
+                continue;
+            }
+            let slots = ti.pool_slots.max(1);
+            match ti.state.as_deref() {
+                Some("queued") => {
+                    self.backlog.queued_tasks += 1;
+                    self.backlog.queued_slots += slots;
+                    if let Some(at) = ti.queued_when.as_deref().and_then(parse_time) {
+                        if self.oldest_queued.is_none_or(|oldest| at < oldest) {
+                            self.oldest_queued = Some(at);
+                        }
+                    }
+                }
+                Some("running") => {
+                    self.backlog.running_tasks += 1;
+                    self.backlog.running_slots += slots;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The tally with the oldest queued task's wait as of `read_at` (on this host's clock; a
+    /// `queued_when` ahead of it waits 0 s).
+    fn backlog(self, read_at: SystemTime) -> QueueBacklog {
+        QueueBacklog {
+            oldest_queued_age: self
+                .oldest_queued
+                .map(|at| read_at.duration_since(at).unwrap_or_default()),
+            ..self.backlog
+        }
+    }
+}
+
+fn parse_time(text: &str) -> Option<SystemTime> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(SystemTime::from)
+}
+
+impl BacklogSource for AirflowApiSource {
+    fn kind(&self) -> &'static str {
+        "airflow-api"
+    }
+
+    fn running_slots_by_host<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
+        async move {
+            self.requests.inc();
+            self.client
+                .running_slots_by_host(queues)
+                .await
+                .map_err(|e| format!("running task instances: {e}"))
+        }
+        .boxed()
+    }
+
+    fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {
+        async move {
+            self.requests.inc();
+            self.client
+                .edge_workers()
+                .await
+                .map_err(|e| format!("Edge workers: {e}"))
+        }
+        .boxed()
+    }
+
+    fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>> {
+        async move {
+            let progress = Progress::new();
+            // Collected first: a closure held across the await trips rustc's Send check.
+            let calls: Vec<_> = queues
+                .iter()
+                .map(|queue| self.labelled(queue, &progress))
+                .collect();
+            let mut answered: HashMap<String, QueueOutcome> = futures_util::stream::iter(calls)
+                .buffer_unordered(CONCURRENT_QUEUES)
+                .take_until(progress.silent_for(self.budget))
+                .collect()
+                .await;
+            queues
+                .iter()
+                .map(|q| {
+                    let outcome = answered.remove(q).unwrap_or_else(|| {
+                        Err(format!(
+                            "no answer from the api-server for the refresh budget of {}",
+                            humantime::format_duration(self.budget)
+                        ))
+                    });
+                    (q.clone(), outcome)
+                })
+                .collect()
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,59 @@
+//! Where queue depth comes from. A source answers, for a list of queues, each queue's queued
+//! and running task instances — as tasks, as task slots (Σ `pool_slots`), and how long the
+//! oldest queued one has waited — or, per queue, why it could not.
+//!
+//! Two implementations: [`airflow_api`] (Airflow's REST API, listing the
+//! queue's queued and running task instances page by page) and [`postgres`]
+//! (one `GROUP BY` over the metadata database for all queues at once). The refresh loop calls
+//! [`BacklogSource::fetch`] once per interval with every distinct queue, however many workers
+//! share a queue and however often KEDA asks.
+
+pub mod airflow_api;
+pub mod postgres;
+
+use airflow::edge_worker_list::ListedEdgeWorker;
+use futures_util::future::BoxFuture;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// One queue's backlog as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueBacklog {
+    pub queued_tasks: u64,
+    pub running_tasks: u64,
+    /// Σ `pool_slots` of the queued task instances: the worker slots they will take (an Edge
+    /// job's `concurrency_slots` is its task's `pool_slots`).
+    pub queued_slots: u64,
+    /// Σ `pool_slots` of the running task instances.
+    pub running_slots: u64,
+    /// How long the longest-waiting queued task instance had been queued when the queue was
+    /// read; `None` when none is queued.
+    pub oldest_queued_age: Option<Duration>,
+}
+
+/// The outcome for one queue: its backlog, or a one-line reason (never containing secrets).
+pub type QueueOutcome = Result<QueueBacklog, String>;
+
+pub trait BacklogSource: Send + Sync + 'static {
+    /// `airflow-api` or `postgres` (the `source` label of the upstream metrics).
+    fn kind(&self) -> &'static str;
+
+    /// One outcome for every queue in `queues`, in any order.
+    fn fetch<'a>(&'a self, queues: &'a [String]) -> BoxFuture<'a, Vec<(String, QueueOutcome)>>;
+
+    /// Task slots (Σ `pool_slots`) of the task instances running on `queues`, by the hostname
+    /// of the worker that runs them (a worker pod's name), or a one-line reason.
+    fn running_slots_by_host<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>>;
+
+    /// Airflow's list of Edge workers (outside Kubernetes, the only count of running
+    /// workers), or a one-line reason.
+    fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {
+        Box::pin(std::future::ready(Err(format!(
+            "the {} source does not list Edge workers",
+            self.kind()
+        ))))
+    }
+}
