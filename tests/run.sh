@@ -1,59 +1,108 @@
 #!/usr/bin/env bash
 # The project's test command (the README's second command; CI runs it via .ci/run).
 #
-# Installs what is missing, then runs, stopping at the first failure:
-#   rust   cargo fmt --check, clippy -D warnings, unit + in-process tests, a bounded fuzzing
-#          run (the property tests that feed the parsers arbitrary input, with more cases),
-#          release build
-#   chart  the Helm chart against a real helm (built from the Go module proxy) and the
-#          Kubernetes / KEDA / prometheus-operator schemas
-#   e2e    the agent and the Sentinel against a real Airflow 3 on PostgreSQL, Prometheus
-#   keda   KEDA's own scaler code and validation against the chart and a live Sentinel
-#   demo   the demo in its short mode, the local scaler's rules, README reference vs --help
-#   docker the Sentinel image built FROM scratch with podman; the agent Dockerfile's checks
+#   tests/run.sh [STAGE]...      (default: every stage, in this order)
+#
+# Installs what is missing, then runs the stages, stopping at the first failure, and ends with a
+# table of each stage's wall time. The stages (their list is `stages` below):
+#   rust    cargo fmt --check, clippy -D warnings, rustdoc -D warnings, unit + in-process tests,
+#           a bounded fuzzing run (the property tests that feed the parsers arbitrary input, with
+#           more cases), the release build every later stage runs
+#   chart   the Helm chart against a real helm (built from the Go module proxy) and the
+#           Kubernetes / KEDA / prometheus-operator schemas
+#   e2e     the agent and the Sentinel against a real Airflow 3 on PostgreSQL, Prometheus
+#   keda    KEDA's own scaler code and validation against the chart and a live Sentinel
+#   demo    the demo in its short mode, the local scaler's rules, README reference vs --help
+#   docker  the Sentinel image built FROM scratch with podman; the agent Dockerfile's checks
 #   cluster the chart, agent and Sentinel on a real Kubernetes control plane with KEDA's
-#          operator, Prometheus and prometheus-adapter (only the kubelet is stood in for)
-# Choose stages with arguments: tests/run.sh [rust] [chart] [e2e] [keda] [demo] [docker]
-# [cluster] (default: all).
+#           operator, Prometheus and prometheus-adapter (only the kubelet is stood in for)
+# An unknown stage name exits 2 and lists the valid ones.
 #
 # Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}, keyed by
 # version; without the cache the same run only takes longer.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-. tests/lib/cache.sh
-. tests/lib/cargo-target.sh
 
-stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(rust chart e2e keda demo docker cluster)
-want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+stages=(rust chart e2e keda demo docker cluster)
+
+chosen=("$@")
+[ ${#chosen[@]} -gt 0 ] || chosen=("${stages[@]}")
+for name in "${chosen[@]}"; do
+  case " ${stages[*]} " in
+    *" $name "*) ;;
+    *) echo "tests/run.sh: unknown stage '$name'; the stages are: ${stages[*]}" >&2; exit 2 ;;
+  esac
+done
+want() { case " ${chosen[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 step() { printf '\n==> %s\n' "$*"; }
 # pytest in the cached tools venv
 pytest() { "$(bash tests/lib/venvs.sh tools)/bin/python" -m pytest -p no:cacheprovider -v "$@"; }
 
-bash tests/lib/prerequisites.sh go curl
+. tests/lib/cache.sh
+. tests/lib/cargo-target.sh
 
-# The cluster stage's Go builds (control plane, KEDA, Prometheus, prometheus-adapter: about
-# 25 min of CPU when nothing is cached) start now, niced, in their own process group: they take
-# what CPU the other stages leave idle (sleeping tasks, waiting daemons) and are done or nearly
-# so when the cluster stage, the last, needs them.
+# ---- the wall-time table, printed however the run ends ----------------------------------------
+run_start=$SECONDS
+timed_names=()
+timed_seconds=()
+current_stage=
+current_start=
+minutes() { printf '%dm %02ds' $(($1 / 60)) $(($1 % 60)); }
+print_times() {
+  local i
+  [ -z "$current_stage" ] || { timed_names+=("$current_stage (failed)"); timed_seconds+=($((SECONDS - current_start))); }
+  printf '\n==> wall time per stage (%s cores, load %s)\n' "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  for i in "${!timed_names[@]}"; do
+    printf '  %-22s %s\n' "${timed_names[$i]}" "$(minutes "${timed_seconds[$i]}")"
+  done
+  printf '  %-22s %s\n' total "$(minutes $((SECONDS - run_start)))"
+}
+# timed NAME COMMAND...: runs COMMAND and records its wall time under NAME.
+timed() {
+  current_stage="$1"
+  current_start=$SECONDS
+  shift
+  "$@"
+  timed_names+=("$current_stage")
+  timed_seconds+=($((SECONDS - current_start)))
+  current_stage=
+}
+
+# ---- the cluster stage's Go builds, in the background -----------------------------------------
+# The control plane, KEDA, Prometheus and prometheus-adapter (about 25 min of CPU when nothing is
+# cached) start now, niced, in their own process group: they take what CPU the other stages
+# leave idle (sleeping tasks, waiting daemons) and are done or nearly so when the cluster stage,
+# the last, needs them.
 cluster_build_pid=
+cluster_build_log=
+on_exit() {
+  print_times
+  [ -z "$cluster_build_pid" ] || kill -- -"$cluster_build_pid" 2>/dev/null || true
+  [ -z "$cluster_build_log" ] || rm -f "$cluster_build_log"
+}
+trap on_exit EXIT
+
+timed prerequisites bash tests/lib/prerequisites.sh go curl
 if want cluster; then
   cluster_build_log="$(mktemp)"
   setsid nice -n 19 bash tests/cluster/build.sh >"$cluster_build_log" 2>&1 &
   cluster_build_pid=$!
-  trap '[ -z "$cluster_build_pid" ] || kill -- -"$cluster_build_pid" 2>/dev/null; rm -f "$cluster_build_log"' EXIT
 fi
 
 # The binaries every later stage tests (none of them skips for want of a build).
-export ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"
-export ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
+export ASTRO_AGENT_BIN="$ASTRO_RELEASE_DIR/astro-agent"
+export ASTRO_SENTINEL_BIN="$ASTRO_RELEASE_DIR/astro-sentinel"
 
-if want rust; then
+# ---- the stages -------------------------------------------------------------------------------
+stage_rust() {
   step "cargo fmt --check"
   cargo fmt --all -- --check
   step "cargo clippy"
   cargo clippy --workspace --all-targets --release -- -D warnings
+  step "cargo doc (rustdoc warnings are errors)"
+  # --release: it reuses the dependencies clippy just checked.
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --release
   step "cargo test"
   cargo test --workspace --release
   # The Sentinel's config parser, the Edge API answer decoder and the launcher's frames get
@@ -63,41 +112,41 @@ if want rust; then
   PROPTEST_CASES="${ASTRO_FUZZ_CASES:-50000}" cargo test --workspace --release fuzz_
   step "cargo build --release"
   cargo build --workspace --release
-else
-  cargo build --workspace --release  # a no-op when up to date
-fi
-
-if want chart; then
+}
+stage_chart() {
   step "chart tests"
   bash tests/chart/run.sh
-fi
-
-if want e2e; then
+}
+stage_e2e() {
   step "end-to-end tests against a real Airflow"
   pytest tests/e2e
-fi
-
-if want keda; then
+}
+stage_keda() {
   step "KEDA contract (KEDA's own code against the chart and a live Sentinel)"
   bash tests/keda/run.sh
-fi
-
-if want demo; then
+}
+stage_demo() {
   step "demo (short mode), scaler rules, README reference vs --help"
   pytest tests/demo
-fi
-
-if want docker; then
+}
+stage_docker() {
   step "container images (podman: Sentinel FROM scratch; agent Dockerfile checks)"
   pytest tests/docker
-fi
-
-if want cluster; then
+}
+stage_cluster() {
   step "cluster: the chart on a real control plane with KEDA, Prometheus and prometheus-adapter"
-  build_status=0
+  local build_status=0 waited=$SECONDS
   wait "$cluster_build_pid" || build_status=$?
   cluster_build_pid=
   cat "$cluster_build_log"
-  [ "$build_status" -eq 0 ] || { echo "the cluster stage's builds failed (exit $build_status)" >&2; exit 1; }
+  echo "waited $((SECONDS - waited)) s for the cluster builds"
+  [ "$build_status" -eq 0 ] || { echo "the cluster stage's builds failed (exit $build_status)" >&2; return 1; }
   bash tests/cluster/run.sh
+}
+
+if ! want rust; then
+  timed "release build" cargo build --workspace --release # a no-op when up to date
 fi
+for name in "${stages[@]}"; do
+  if want "$name"; then timed "$name" "stage_$name"; fi
+done
