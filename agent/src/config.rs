@@ -30,9 +30,14 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_AGENT_API_URL", value_name = "URL")]
     pub api_url: Option<String>,
 
-    /// File holding Airflow's [api_auth] jwt_secret (or give the value in ASTRO_AGENT_JWT_SECRET;
-    /// there is no flag for the value, as command lines are readable by every process)
-    #[arg(long, env = "ASTRO_AGENT_JWT_SECRET_FILE", value_name = "PATH")]
+    // An attribute, not a doc comment: rustdoc would take "[api_auth]" for a link.
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_JWT_SECRET_FILE",
+        value_name = "PATH",
+        help = "File holding Airflow's [api_auth] jwt_secret (or give the value in ASTRO_AGENT_JWT_SECRET; \
+                there is no flag for the value, as command lines are readable by every process)"
+    )]
     pub jwt_secret_file: Option<PathBuf>,
 
     /// Name this worker registers under [default: $HOSTNAME, else the host name]
