@@ -8,9 +8,9 @@ use crate::log_shipper::LogShipper;
 use crate::metrics::TaskResult;
 use crate::reporter::{deliver, Delivery};
 use crate::slots::Lease;
-use crate::task_process::Exit;
+use crate::task_process::{Exit, TaskProcess};
 use airflow::backoff::Backoff;
-use airflow::edge_types::{EdgeJob, JobState};
+use airflow::edge_types::{EdgeJob, JobState, TaskKey};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,70 +48,89 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
             ));
             TaskResult::StartFailed
         }
-        Ok(mut process) => {
-            let mode = match process.launched_by() {
-                LaunchMode::Prefork => "prefork",
-                LaunchMode::Fresh => "fresh",
-            };
-            ctx.metrics.task_launches.with_label_values(&[mode]).inc();
-            tracing::info!(task = %key, pid = process.pid(), mode, slots = slots.count(), "task started");
-            let mut report_running = std::pin::pin!(deliver(
-                &ctx.edge,
-                &key,
-                JobState::Running,
-                &ctx.give_up,
-                Backoff::for_airflow()
-            ));
-            let mut running_reported = false;
-            let mut tick = tokio::time::interval_at(
-                tokio::time::Instant::now() + LOG_PUSH_INTERVAL,
-                LOG_PUSH_INTERVAL,
-            );
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let exit = {
-                let mut wait = std::pin::pin!(process.wait(&ctx.kill));
-                loop {
-                    tokio::select! {
-                        exit = &mut wait => break exit,
-                        _ = &mut report_running, if !running_reported => running_reported = true,
-                        _ = tick.tick() => {
-                            if let Err(e) = shipper.ship(&ctx.edge, &key).await {
-                                tracing::warn!(task = %key, error = %e, "log push failed; will retry");
-                            }
-                        }
-                    }
-                }
-            };
-            if !running_reported {
-                report_running.await;
-            }
-            let result = match &exit {
-                Ok(Exit::Finished(status)) if status.success() => TaskResult::Success,
-                Ok(Exit::Finished(_)) => TaskResult::Failed,
-                Ok(Exit::Killed(_)) => TaskResult::Killed,
-                Err(_) => TaskResult::Failed,
-            };
-            if result != TaskResult::Success {
-                let how = match &exit {
-                    Ok(Exit::Killed(s)) => format!("was stopped by the agent ({s})"),
-                    Ok(Exit::Finished(s)) => format!("ended with {s}"),
-                    Err(e) => format!("could not be waited for: {e}"),
-                };
-                shipper.append_note(&format!(
-                    "astro-agent on {}: the task process {how}. Supervisor output (last {} KiB):\n{}",
-                    ctx.config.worker_name,
-                    FAILURE_OUTPUT_TAIL / 1024,
-                    process.output_tail(FAILURE_OUTPUT_TAIL)
-                ));
-            }
-            tracing::info!(task = %key, ?exit, "task process ended");
-            result
-        }
+        Ok(process) => supervise(&ctx, process, &key, &slots, &mut shipper).await,
     };
 
     drop(slots);
 
     push_last_logs(&ctx, &mut shipper, &key).await;
+    report_final_state(&ctx, &key, result).await;
+    ctx.metrics.task_finished(result, started.elapsed());
+    ctx.heartbeat_now.notify_one();
+}
+
+/// Watches a started task process until it ends: reports `running` once, pushes its new log
+/// lines every [`LOG_PUSH_INTERVAL`], and on anything but success adds the supervisor's last
+/// output to the log, where the task's own lines may not say why it ended.
+async fn supervise(
+    ctx: &Context,
+    mut process: TaskProcess,
+    key: &TaskKey,
+    slots: &Lease,
+    shipper: &mut LogShipper,
+) -> TaskResult {
+    let mode = match process.launched_by() {
+        LaunchMode::Prefork => "prefork",
+        LaunchMode::Fresh => "fresh",
+    };
+    ctx.metrics.task_launches.with_label_values(&[mode]).inc();
+    tracing::info!(task = %key, pid = process.pid(), mode, slots = slots.count(), "task started");
+    let mut report_running = std::pin::pin!(deliver(
+        &ctx.edge,
+        key,
+        JobState::Running,
+        &ctx.give_up,
+        Backoff::for_airflow()
+    ));
+    let mut running_reported = false;
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + LOG_PUSH_INTERVAL,
+        LOG_PUSH_INTERVAL,
+    );
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let exit = {
+        let mut wait = std::pin::pin!(process.wait(&ctx.kill));
+        loop {
+            tokio::select! {
+                exit = &mut wait => break exit,
+                _ = &mut report_running, if !running_reported => running_reported = true,
+                _ = tick.tick() => {
+                    if let Err(e) = shipper.ship(&ctx.edge, key).await {
+                        tracing::warn!(task = %key, error = %e, "log push failed; will retry");
+                    }
+                }
+            }
+        }
+    };
+    if !running_reported {
+        report_running.await;
+    }
+    let result = match &exit {
+        Ok(Exit::Finished(status)) if status.success() => TaskResult::Success,
+        Ok(Exit::Finished(_)) => TaskResult::Failed,
+        Ok(Exit::Killed(_)) => TaskResult::Killed,
+        Err(_) => TaskResult::Failed,
+    };
+    if result != TaskResult::Success {
+        let how = match &exit {
+            Ok(Exit::Killed(s)) => format!("was stopped by the agent ({s})"),
+            Ok(Exit::Finished(s)) => format!("ended with {s}"),
+            Err(e) => format!("could not be waited for: {e}"),
+        };
+        shipper.append_note(&format!(
+            "astro-agent on {}: the task process {how}. Supervisor output (last {} KiB):\n{}",
+            ctx.config.worker_name,
+            FAILURE_OUTPUT_TAIL / 1024,
+            process.output_tail(FAILURE_OUTPUT_TAIL)
+        ));
+    }
+    tracing::info!(task = %key, ?exit, "task process ended");
+    result
+}
+
+/// Reports `success` or `failed` for the job, retrying until Airflow takes it or the agent
+/// gives up (`ctx.give_up`); the pending-report gauge covers the wait.
+async fn report_final_state(ctx: &Context, key: &TaskKey, result: TaskResult) {
     let final_state = if result == TaskResult::Success {
         JobState::Success
     } else {
@@ -120,7 +139,7 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
     ctx.metrics.task_reports_pending.inc();
     let delivery = deliver(
         &ctx.edge,
-        &key,
+        key,
         final_state,
         &ctx.give_up,
         Backoff::for_airflow(),
@@ -130,17 +149,11 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
     if delivery == Delivery::Delivered {
         tracing::info!(task = %key, state = final_state.as_str(), "job state reported");
     }
-    ctx.metrics.task_finished(result, started.elapsed());
-    ctx.heartbeat_now.notify_one();
 }
 
 /// The final push gets a few attempts; after that the state report goes ahead, because a
 /// task left `running` in Airflow is worse than a log with a gap.
-async fn push_last_logs(
-    ctx: &Context,
-    shipper: &mut LogShipper,
-    key: &airflow::edge_types::TaskKey,
-) {
+async fn push_last_logs(ctx: &Context, shipper: &mut LogShipper, key: &TaskKey) {
     let mut backoff = Backoff::for_airflow();
     for attempt in 1..=FINAL_LOG_ATTEMPTS {
         match shipper.ship(&ctx.edge, key).await {
