@@ -28,6 +28,9 @@ def binary(name: str) -> Path:
     override = os.environ.get(f"{name.upper().replace('-', '_')}_BIN")
     if override:
         return Path(override)
+    release = os.environ.get("ASTRO_RELEASE_DIR")  # tests/lib/cargo-target.sh's build
+    if release:
+        return Path(release) / name
     target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
     if not target.is_absolute():
         target = REPO / target

@@ -42,8 +42,8 @@ tools="$(bash "$root/tests/lib/venvs.sh" tools)"
 bash "$root/tests/lib/venvs.sh" airflow >/dev/null
 if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
   (cd "$root" && cargo build --release -p astro-agent -p astro-sentinel)
-  ASTRO_AGENT_BIN="$CARGO_TARGET_DIR/release/astro-agent"
-  ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
+  ASTRO_AGENT_BIN="$ASTRO_RELEASE_DIR/astro-agent"
+  ASTRO_SENTINEL_BIN="$ASTRO_RELEASE_DIR/astro-sentinel"
 fi
 export ASTRO_CLUSTER_BIN ASTRO_HELM ASTRO_AGENT_BIN ASTRO_SENTINEL_BIN
 

@@ -1,7 +1,8 @@
 """The container images in docker/, as far as a machine without a registry allows.
 
-Sentinel (built for real): a static astro-sentinel (glibc, ``+crt-static``) is built into its own
-cargo target folder under the cache, then ``podman build`` runs docker/sentinel/Dockerfile with
+Sentinel (built for real): the static astro-sentinel (glibc, ``+crt-static``) every stage runs —
+``$ASTRO_SENTINEL_BIN`` from the test command's one release build (tests/lib/cargo-target.sh), else
+built here with the same flags — then ``podman build`` runs docker/sentinel/Dockerfile with
 ``--build-arg BINARY_FROM=context`` (nothing is pulled: every stage it builds is ``FROM
 scratch``). Checks: user ``65532:65532``, entrypoint ``/usr/local/bin/astro-sentinel``, no
 command, the image holds the one binary (no shell); then the container runs on the host network
@@ -37,8 +38,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("ASTRO_CACHE_DIR") or Path.home() / ".cache" / "astro-agent")
-TARGET = "x86_64-unknown-linux-gnu"
 TOKEN = "docker-test-token"
 IMAGE = "localhost/astro-sentinel:test"
 
@@ -106,16 +105,14 @@ def has_interpreter(path: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def static_sentinel() -> Path:
-    toolchain = subprocess.run(["rustc", "-V"], check=True, stdout=subprocess.PIPE, text=True).stdout
-    import hashlib
-
-    target_dir = CACHE / f"cargo-target-static-{hashlib.sha256(toolchain.encode()).hexdigest()[:12]}"
-    env = {**os.environ, "CARGO_TARGET_DIR": str(target_dir), "RUSTFLAGS": "-C target-feature=+crt-static"}
-    subprocess.run(["cargo", "build", "--release", "--locked", "-p", "astro-sentinel", "--target", TARGET],
-                   cwd=REPO, env=env, check=True, timeout=3600)
-    binary = target_dir / TARGET / "release" / "astro-sentinel"
-    assert binary.exists()
-    return binary
+    given = os.environ.get("ASTRO_SENTINEL_BIN")
+    if given:
+        return Path(given)
+    built = subprocess.run(["bash", "-c", ". tests/lib/cache.sh && . tests/lib/cargo-target.sh && "
+                            "cargo build --release --locked -p astro-sentinel >&2 && "
+                            'echo "$ASTRO_RELEASE_DIR/astro-sentinel"'],
+                           cwd=REPO, check=True, stdout=subprocess.PIPE, text=True, timeout=3600)
+    return Path(built.stdout.strip())
 
 
 def test_the_sentinel_binary_is_static(static_sentinel):

@@ -38,7 +38,7 @@ ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
 tools="$(bash "$root/tests/lib/venvs.sh" tools)"
 if [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
   (cd "$root" && cargo build --release -p astro-sentinel)
-  ASTRO_SENTINEL_BIN="$CARGO_TARGET_DIR/release/astro-sentinel"
+  ASTRO_SENTINEL_BIN="$ASTRO_RELEASE_DIR/astro-sentinel"
 fi
 [ -x "$ASTRO_SENTINEL_BIN" ] || { echo "no astro-sentinel binary at $ASTRO_SENTINEL_BIN" >&2; exit 1; }
 
@@ -47,8 +47,13 @@ trap 'rm -rf "$work"' EXIT
 
 # Compile once (KEDA's scalers package pulls in every cloud SDK it supports: the first build
 # is long, later ones reuse GOCACHE); the driver runs the binary once per scenario and phase.
+# One KEDA compile at a time: the cluster stage's background build (tests/cluster/build-keda.sh)
+# takes the same lock, so whichever comes second finds the packages in GOCACHE.
 start=$SECONDS
-(cd "$here" && go test -c -ldflags="-s -w" -o "$work/kedacontract.test" .)
+(
+  flock 8
+  cd "$here" && go test -c -ldflags="-s -w" -o "$work/kedacontract.test" .
+) 8>"$(dirname "$GOCACHE")/keda-compile.lock"
 echo "KEDA contract test binary built in $((SECONDS - start)) s (GOCACHE $GOCACHE)"
 
 export ASTRO_HELM ASTRO_SENTINEL_BIN KEDA_CONTRACT_TEST_BIN="$work/kedacontract.test"

@@ -28,7 +28,7 @@ prologue() {
     var="$(tr a-z- A-Z_ <<<"$crate")_BIN"
     if [ -z "${!var:-}" ]; then
       build+=(-p "$crate")
-      export "$var=$CARGO_TARGET_DIR/release/$crate"
+      export "$var=$ASTRO_RELEASE_DIR/$crate"
     fi
   done
   if [ ${#build[@]} -gt 0 ]; then

@@ -1,6 +1,6 @@
 """Starting the real ``astro-agent`` binary against the test stack.
 
-The binary is ``$ASTRO_AGENT_BIN`` or ``<cargo target dir>/release/astro-agent``
+The binary is ``$ASTRO_AGENT_BIN``, ``$ASTRO_RELEASE_DIR/astro-agent`` or ``<cargo target dir>/release/astro-agent``
 (``tests/run.sh`` builds it before pytest starts).
 """
 
@@ -23,8 +23,9 @@ def binary(name: str) -> Path:
     override = os.environ.get(f"{name.upper().replace('-', '_')}_BIN")
     if override:
         return Path(override)
-    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    path = target / "release" / name
+    # tests/lib/cargo-target.sh's build, else a plain `cargo build --release`
+    release = os.environ.get("ASTRO_RELEASE_DIR") or Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release"
+    path = Path(release) / name
     if not path.exists():
         raise FileNotFoundError(f"{path} missing: run `cargo build --release` first")
     return path
