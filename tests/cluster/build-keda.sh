@@ -44,6 +44,11 @@ key="$( {
   cat "$module/go.mod" "$module/go.sum"
 } | sha256sum | cut -c1-12)"
 out="$ASTRO_CACHE_DIR/cluster/keda-$key"
+# One KEDA compile at a time (tests/keda/run.sh takes the same lock): the test command runs this
+# build in the background while the KEDA contract stage may be compiling the same packages, and
+# the Go build cache does not share work in flight.
+exec 8>"$(dirname "$GOCACHE")/keda-compile.lock"
+flock 8
 if [ ! -x "$out/keda-operator" ]; then
   tmp="$(mktemp -d "$ASTRO_CACHE_DIR/cluster/.keda.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
