@@ -2,10 +2,9 @@
 //! descriptors: it must not spin (CPU, log lines), and once the flood stays within its
 //! descriptors the connection cap keeps enough of them for tasks to start.
 
-mod support;
-
 use std::time::{Duration, Instant};
-use support::{start_agent, FakeAirflow};
+use test_kit::agent_process::{start_agent, Agent};
+use test_kit::fake_edge_api::FakeAirflow;
 use tokio::net::TcpStream;
 
 const T: Duration = Duration::from_secs(20);
@@ -57,7 +56,7 @@ async fn flood(addr: std::net::SocketAddr) -> Vec<TcpStream> {
 }
 
 /// CPU time the agent used and log lines it wrote during `window`.
-async fn cost_over(agent: &support::Agent, window: Duration) -> (Duration, usize) {
+async fn cost_over(agent: &Agent, window: Duration) -> (Duration, usize) {
     let pid = agent.child.id().unwrap();
     let (cpu, lines) = (cpu_time(pid), agent.log().lines().count());
     tokio::time::sleep(window).await;

@@ -1,11 +1,10 @@
 //! The real `astro-agent` binary against a fake Edge API: slots, refill, drain, signals,
 //! deadline, faults and configuration errors.
 
-mod support;
-
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
-use support::{max_task_processes, start_agent, FakeAirflow};
+use test_kit::agent_process::{max_task_processes, start_agent};
+use test_kit::fake_edge_api::FakeAirflow;
 
 const T: Duration = Duration::from_secs(20);
 

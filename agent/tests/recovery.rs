@@ -1,10 +1,9 @@
 //! After an api-server outage the agent is back at work within seconds, however long the
 //! outage lasted (its retries back off, but not for long).
 
-mod support;
-
 use std::time::{Duration, Instant};
-use support::{start_agent, FakeAirflow};
+use test_kit::agent_process::start_agent;
+use test_kit::fake_edge_api::FakeAirflow;
 
 const T: Duration = Duration::from_secs(20);
 /// Long enough for an uncapped exponential backoff to have grown to tens of seconds.

@@ -2,11 +2,10 @@
 //! Execution API token) never reach its log, in either format: not while it runs at debug
 //! level through a job and failing REST calls, and not in a configuration error.
 
-mod support;
-
 use nix::sys::signal::Signal;
 use std::time::Duration;
-use support::*;
+use test_kit::agent_process::start_agent_with_env;
+use test_kit::fake_edge_api::{FakeAirflow, SECRET};
 
 const T: Duration = Duration::from_secs(20);
 const REST_PASSWORD: &str = "rest-password-SECRET-7";

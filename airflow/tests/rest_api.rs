@@ -5,9 +5,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use std::sync::{Arc, Mutex};
-use tokio::net::TcpListener;
 
 #[derive(Default)]
 struct Server {
@@ -19,23 +17,13 @@ struct Server {
 }
 
 async fn start(server: Arc<Mutex<Server>>) -> url::Url {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let server = server.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let server = server.clone();
-                    async move { Ok::<_, std::convert::Infallible>(answer(&server, req)) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let running = test_kit::serve(move |req: Request<Incoming>| {
+        let server = server.clone();
+        async move { answer(&server, req) }
+    })
+    .await;
+    // Each test's runtime ends with the test, and the server with it.
+    let addr = running.detach();
     format!("http://{addr}/").parse().unwrap()
 }
 

@@ -2,14 +2,12 @@
 //! time budget so that one api-server call that never returns does not hold the rest, while a
 //! large backlog whose pages keep coming is read to the end.
 
-mod common;
-
 use airflow::rest_api::RestCredentials;
 use astro_sentinel::sources::airflow_api::AirflowApiSource;
 use astro_sentinel::sources::{BacklogSource, QueueBacklog};
-use common::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+use test_kit::fake_rest_api::{fake_airflow, FakeInstance};
 
 fn source(
     addr: std::net::SocketAddr,

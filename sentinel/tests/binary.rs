@@ -2,12 +2,13 @@
 //! the worker and field; SIGTERM/SIGINT stop it cleanly (exit 0); a port in use is a runtime
 //! error (exit 1); and tokens never appear in its logs, even at debug level.
 
-mod common;
-
-use common::*;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use test_kit::fake_kubernetes::FakeKubernetes;
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::{keda_get, value_at};
+use test_kit::{eventually, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_astro-sentinel");
 

@@ -9,6 +9,9 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::keda_get;
+use test_kit::{eventually, Answer, TempDir};
 
 const TOKEN: &str = "history-reader-token";
 const WORKER: &str = "/v1/workers/astro-worker-default/history";

@@ -6,6 +6,9 @@ mod common;
 
 use common::*;
 use std::time::Duration;
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::{keda_get, value_at};
+use test_kit::{eventually, raw_request, TempDir};
 
 const TOKEN: &str = "keda-static-token-0123456789";
 

@@ -3,11 +3,11 @@
 //! format: not while it runs at debug level with failing sources, and not in a
 //! configuration error.
 
-mod common;
-
-use common::*;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::keda_get;
+use test_kit::TempDir;
 
 const BIN: &str = env!("CARGO_BIN_EXE_astro-sentinel");
 const AIRFLOW_TOKEN: &str = "airflow-token-SECRET-1";

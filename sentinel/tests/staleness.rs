@@ -6,6 +6,9 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::{keda_get, value_at};
+use test_kit::{eventually, TempDir};
 
 const TOKEN: &str = "t0ken";
 

@@ -7,6 +7,10 @@ mod common;
 use astro_sentinel::config::flags::KubernetesAccess;
 use common::*;
 use std::time::Duration;
+use test_kit::fake_kubernetes::FakeKubernetes;
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::{keda_get, value_at};
+use test_kit::{eventually, TempDir, TestServer};
 
 const KEDA_SA: &str = "system:serviceaccount:keda:astro-agent-keda";
 const OTHER_SA: &str = "system:serviceaccount:default:nosy";

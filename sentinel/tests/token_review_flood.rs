@@ -11,6 +11,10 @@ use astro_sentinel::serve::auth::token_review::{REVIEWS_PER_SECOND, REVIEW_BURST
 use common::*;
 use futures_util::future::join_all;
 use std::time::{Duration, Instant};
+use test_kit::fake_kubernetes::{jwt_shaped, FakeKubernetes};
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::keda_get;
+use test_kit::{eventually, Answer, TempDir, TestServer};
 
 const KEDA_SA: &str = "system:serviceaccount:keda:astro-agent-keda";
 const KEDA_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJrZWRhIn0.a2VkYS1ib3VuZA";

@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
+use test_kit::fake_kubernetes::FakeKubernetes;
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::keda_get;
+use test_kit::{eventually, TempDir};
 use tokio::net::TcpListener;
 
 const KEDA_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJrZWRhIn0.a2VkYQ";

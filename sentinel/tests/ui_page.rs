@@ -5,6 +5,9 @@ mod common;
 
 use common::*;
 use std::time::Duration;
+use test_kit::fake_rest_api::fake_airflow;
+use test_kit::keda::keda_get;
+use test_kit::{eventually, raw_request, TempDir, TestServer};
 
 const TOKEN: &str = "ui-static-token-0123456789";
 

@@ -316,5 +316,7 @@ def test_sentinel_dockerfile_final_stage():
 def test_dockerignore_keeps_the_context_small():
     lines = (REPO / ".dockerignore").read_text().split()
     assert lines[lines.index("*")] == "*"
-    for needed in ("!Cargo.toml", "!Cargo.lock", "!airflow/", "!http-server/", "!logging/", "!agent/", "!sentinel/"):
+    for needed in (
+        "!Cargo.toml", "!Cargo.lock", "!airflow/", "!http-server/", "!logging/", "!agent/", "!sentinel/", "!test-kit/"
+    ):
         assert needed in lines

@@ -1,30 +1,23 @@
-//! A fake Edge Worker API and a fake task supervisor, to drive the real `astro-agent` binary
-//! through slots, drains, signals and server faults in a few seconds.
+//! A fake Edge Worker API, to drive the real `astro-agent` binary through slots, drains,
+//! signals and server faults in a few seconds.
 //!
 //! The fake verifies every request's JWT exactly as the edge3 provider does (HS512, `aud`
-//! `api`, `method` equal to the decoded path after `/edge_worker/v1/`), so these tests also
-//! pin the auth contract.
+//! `api`, `method` equal to the decoded path after `/edge_worker/v1/`), so the agent's tests
+//! also pin the auth contract.
 
-#![allow(dead_code)] // each test binary uses a different part of the support code
-
+use crate::server::serve;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
+/// The JWT secret the fake shares with the agent under test.
 pub const SECRET: &str = "test-secret-test-secret-test-secret-test-secret-test-secret-0123";
 
 /// What the fake Airflow has seen and will answer.
@@ -60,39 +53,34 @@ pub struct State {
     pub fetch_attempts: Vec<Instant>,
 }
 
+/// The fake's address and a handle on what it has seen; clones share both.
 #[derive(Clone)]
 pub struct FakeAirflow {
     pub addr: SocketAddr,
-    pub state: Arc<Mutex<State>>,
+    shared: Shared,
+}
+
+/// What the fake's handler and the test share: the state, and a wake-up on every change.
+#[derive(Clone, Default)]
+struct Shared {
+    state: Arc<Mutex<State>>,
     changed: Arc<Notify>,
 }
 
 impl FakeAirflow {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let fake = FakeAirflow {
-            addr,
-            state: Arc::new(Mutex::new(State::default())),
-            changed: Arc::new(Notify::new()),
-        };
-        let server = fake.clone();
-        tokio::spawn(async move {
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let server = server.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let server = server.clone();
-                        async move { Ok::<_, std::convert::Infallible>(server.handle(req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        fake
+        let shared = Shared::default();
+        let handler = shared.clone();
+        let server = serve(move |req| {
+            let handler = handler.clone();
+            async move { handler.handle(req).await }
+        })
+        .await;
+        // The fake's clones outlive any one owner, so it serves until the test ends.
+        FakeAirflow {
+            addr: server.detach(),
+            shared,
+        }
     }
 
     pub fn api_url(&self) -> String {
@@ -110,18 +98,33 @@ impl FakeAirflow {
                 "fake": {"sleep": sleep, "exit": exit}
             }
         });
-        self.state.lock().unwrap().queue.push_back(job);
-        self.changed.notify_waiters();
+        self.shared.state.lock().unwrap().queue.push_back(job);
+        self.shared.changed.notify_waiters();
     }
 
     pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        self.shared.with(f)
+    }
+
+    /// Waits until `cond` holds, re-checking on every request the fake serves.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        cond: impl Fn(&State) -> bool,
+    ) -> Result<(), String> {
+        self.shared.wait_until(what, timeout, cond).await
+    }
+}
+
+impl Shared {
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let r = f(&mut self.state.lock().unwrap());
         self.changed.notify_waiters();
         r
     }
 
-    /// Waits until `cond` holds, re-checking on every request the fake serves.
-    pub async fn wait_until(
+    async fn wait_until(
         &self,
         what: &str,
         timeout: Duration,
@@ -167,7 +170,11 @@ impl FakeAirflow {
         drop(state);
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let rest = path.strip_prefix("/edge_worker/v1/").unwrap_or(&path);
-        let decoded = percent_decode(rest);
+        // Airflow routes on the decoded path (the run id's `:` and `+` arrive encoded).
+        let decoded = percent_encoding::percent_decode_str(rest)
+            .decode_utf8()
+            .unwrap()
+            .into_owned();
         if !token_is_valid(&token, &decoded) {
             self.with(|s| s.auth_failures += 1);
             return reply(StatusCode::FORBIDDEN, json!({"detail": "Forbidden"}));
@@ -261,24 +268,6 @@ fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
     r
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).unwrap()
-}
-
 fn token_is_valid(token: &str, method: &str) -> bool {
     #[derive(serde::Deserialize)]
     struct Claims {
@@ -295,174 +284,4 @@ fn token_is_valid(token: &str, method: &str) -> bool {
         Ok(data) => data.claims.method == method,
         Err(_) => false,
     }
-}
-
-/// A fake `python` that plays Airflow's supervisor: it reads `fake.sleep` and `fake.exit`
-/// from the workload file, writes the task log, and reports SIGTERM in it. Each one also
-/// leaves a file in `running/` while it runs and appends how many it saw there (itself
-/// included) to `concurrency`: the largest number is the most task processes at once.
-pub fn fake_python(dir: &Path) -> PathBuf {
-    let path = dir.join("python");
-    std::fs::write(
-        &path,
-        r#"#!/bin/sh
-f="$4"
-secs=$(sed -n 's/.*"sleep":\([0-9.]*\).*/\1/p' "$f")
-code=$(sed -n 's/.*"exit":\([0-9]*\).*/\1/p' "$f")
-log="$AIRFLOW__LOGGING__BASE_LOG_FOLDER/$(sed -n 's/.*"log_path":"\([^"]*\)".*/\1/p' "$f")"
-here="$(dirname "$0")"
-mkdir -p "$(dirname "$log")" "$here/running"
-touch "$here/running/$$"
-ls "$here/running" | wc -l >> "$here/concurrency"
-echo "task started on $HOSTNAME" >> "$log"
-trap 'echo "task got SIGTERM" >> "$log"; rm -f "$here/running/$$"; exit 143' TERM
-sleep "$secs" & wait $!
-echo "task done" >> "$log"
-rm -f "$here/running/$$"
-exit "$code"
-"#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
-}
-
-/// The most task processes the fake `python` in `dir` saw running at once.
-pub fn max_task_processes(dir: &Path) -> u32 {
-    std::fs::read_to_string(dir.join("concurrency"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(|n| n.parse::<u32>().unwrap())
-        .max()
-        .unwrap_or(0)
-}
-
-pub struct Agent {
-    pub child: tokio::process::Child,
-    pub metrics_addr: SocketAddr,
-    pub stderr_path: PathBuf,
-}
-
-/// Starts the real binary against `fake` with `extra` flags.
-pub async fn start_agent(fake: &FakeAirflow, dir: &Path, extra: &[&str]) -> Agent {
-    start_agent_with_env(fake, dir, extra, &[]).await
-}
-
-/// [`start_agent`], with `env` set last (over the defaults).
-pub async fn start_agent_with_env(
-    fake: &FakeAirflow,
-    dir: &Path,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Agent {
-    let port = free_port();
-    let metrics_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let stderr_path = dir.join(format!("agent-{port}.log"));
-    let python = fake_python(dir);
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_astro-agent"));
-    cmd.args(["--api-url", &fake.api_url()])
-        .args(["--execution-api-url", "http://127.0.0.1:1/execution/"])
-        .args(["--worker-name", "agent-under-test"])
-        .args(["--listen", &metrics_addr.to_string()])
-        .args(["--log-folder", dir.join("logs").to_str().unwrap()])
-        .args([
-            "--airflow-version",
-            "3.3.2",
-            "--edge-provider-version",
-            "5.1.0",
-        ])
-        .args(extra)
-        // Defaults through the environment, so that `extra` flags can override them.
-        .env("ASTRO_AGENT_HEARTBEAT_INTERVAL", "1s")
-        .env("ASTRO_AGENT_IDLE_FETCH_INTERVAL", "200ms")
-        .env("ASTRO_AGENT_PYTHON", &python)
-        // The fake supervisor is a shell script; the pre-fork launcher has tests of its own.
-        .env("ASTRO_AGENT_LAUNCH_MODE", "fresh")
-        .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .kill_on_drop(true);
-    // The secret as an environment variable unless the test gives its file (both: exit 2).
-    if !extra.contains(&"--jwt-secret-file") {
-        cmd.env("ASTRO_AGENT_JWT_SECRET", SECRET);
-    }
-    let child = cmd.spawn().unwrap();
-    Agent {
-        child,
-        metrics_addr,
-        stderr_path,
-    }
-}
-
-impl Agent {
-    /// [`FakeAirflow::wait_until`], failing with the agent's log.
-    pub async fn until(
-        &self,
-        fake: &FakeAirflow,
-        what: &str,
-        timeout: Duration,
-        cond: impl Fn(&State) -> bool,
-    ) {
-        if let Err(e) = fake.wait_until(what, timeout, cond).await {
-            panic!("{e}\nagent log:\n{}", self.log());
-        }
-    }
-
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, sig).unwrap();
-    }
-
-    pub async fn exit_code(&mut self, timeout: Duration) -> i32 {
-        let status = tokio::time::timeout(timeout, self.child.wait())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "agent did not exit within {timeout:?}; log:\n{}",
-                    self.log()
-                )
-            })
-            .unwrap();
-        status.code().expect("agent exited by a signal")
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
-    }
-
-    /// GET a path on the agent's admin port; (status, body).
-    pub async fn get(&self, path: &str) -> (u16, String) {
-        let url = format!("http://{}{path}", self.metrics_addr);
-        raw_get(&url).await.unwrap_or_default()
-    }
-}
-
-async fn raw_get(url: &str) -> Option<(u16, String)> {
-    // A tiny HTTP/1.0 GET over TcpStream keeps the test free of an HTTP client dependency.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.strip_prefix("http://")?;
-    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}")))?;
-    let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    stream.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

@@ -1,0 +1,158 @@
+//! A fake Kubernetes API server that answers TokenReviews from a table of tokens.
+
+use crate::server::{json_response, serve, TestServer};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// What a TokenRequest without audiences gets, and what a review without audiences checks.
+pub const API_SERVER_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// Answers TokenReviews as kube-apiserver does, for the tokens in its table.
+pub struct FakeKubernetes {
+    /// token → username; tokens not in the table are not authenticated.
+    pub users: Mutex<HashMap<String, String>>,
+    /// token → the audiences it was minted for; absent: the API server's own.
+    pub token_audiences: Mutex<HashMap<String, Vec<String>>>,
+    /// Answer like an API server that does not know audiences (none in the status).
+    pub ignores_audiences: AtomicBool,
+    /// The `spec.audiences` of each review, in order.
+    pub asked_audiences: Mutex<Vec<Vec<String>>>,
+    /// The bearer token the Sentinel must present as itself.
+    pub own_token: String,
+    pub reviews: AtomicUsize,
+    /// The tokens reviewed, in order (to check the request body).
+    pub seen: Mutex<Vec<String>>,
+    /// Answer this status instead of a review (e.g. 500 or 403).
+    pub broken: Mutex<Option<u16>>,
+    /// While `false`, reviews are received (and counted) but not answered.
+    pub answering: watch::Sender<bool>,
+}
+
+impl FakeKubernetes {
+    pub fn new(own_token: &str) -> Arc<Self> {
+        Arc::new(FakeKubernetes {
+            users: Mutex::new(HashMap::new()),
+            token_audiences: Mutex::new(HashMap::new()),
+            ignores_audiences: AtomicBool::new(false),
+            asked_audiences: Mutex::new(Vec::new()),
+            own_token: own_token.into(),
+            reviews: AtomicUsize::new(0),
+            seen: Mutex::new(Vec::new()),
+            broken: Mutex::new(None),
+            answering: watch::Sender::new(true),
+        })
+    }
+
+    pub fn reviews(&self) -> usize {
+        self.reviews.load(Ordering::SeqCst)
+    }
+
+    pub async fn start(self: &Arc<Self>) -> TestServer {
+        let me = self.clone();
+        serve(move |req| {
+            let me = me.clone();
+            async move { me.answer(req).await }
+        })
+        .await
+    }
+
+    pub async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        if req.method() != hyper::Method::POST
+            || req.uri().path() != "/apis/authentication.k8s.io/v1/tokenreviews"
+        {
+            return json_response(404, serde_json::json!({"kind": "Status", "code": 404}));
+        }
+        self.reviews.fetch_add(1, Ordering::SeqCst);
+        let _ = self
+            .answering
+            .subscribe()
+            .wait_for(|answering| *answering)
+            .await;
+        let own = format!("Bearer {}", self.own_token);
+        if req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            != Some(own.as_str())
+        {
+            return json_response(401, serde_json::json!({"kind": "Status", "code": 401}));
+        }
+        if let Some(code) = *self.broken.lock().unwrap() {
+            return json_response(code, serde_json::json!({"kind": "Status", "code": code}));
+        }
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(review["apiVersion"], "authentication.k8s.io/v1");
+        assert_eq!(review["kind"], "TokenReview");
+        let token = review["spec"]["token"].as_str().unwrap().to_string();
+        self.seen.lock().unwrap().push(token.clone());
+        let asked: Vec<String> =
+            serde_json::from_value(review["spec"]["audiences"].clone()).unwrap_or_default();
+        self.asked_audiences.lock().unwrap().push(asked.clone());
+        // Like kube-apiserver: the review's audiences (the API server's own when none) must meet
+        // the token's; the status names the ones they share.
+        let wanted = if asked.is_empty() || self.ignores_audiences.load(Ordering::SeqCst) {
+            vec![API_SERVER_AUDIENCE.to_string()]
+        } else {
+            asked
+        };
+        let minted_for = self
+            .token_audiences
+            .lock()
+            .unwrap()
+            .get(&token)
+            .cloned()
+            .unwrap_or_else(|| vec![API_SERVER_AUDIENCE.to_string()]);
+        let shared: Vec<&String> = wanted.iter().filter(|a| minted_for.contains(a)).collect();
+        let status = match self.users.lock().unwrap().get(&token) {
+            Some(user) if !shared.is_empty() => {
+                let mut status = serde_json::json!({
+                    "authenticated": true,
+                    "user": {"username": user, "uid": "1234", "groups": ["system:serviceaccounts"]},
+                });
+                if !self.ignores_audiences.load(Ordering::SeqCst) {
+                    status["audiences"] = serde_json::json!(shared);
+                }
+                status
+            }
+            Some(_) => serde_json::json!({
+                "authenticated": false,
+                "error": format!("token audiences {minted_for:?} is invalid for the target audiences {wanted:?}"),
+            }),
+            None => serde_json::json!({"authenticated": false, "error": "invalid bearer token"}),
+        };
+        json_response(
+            201,
+            serde_json::json!({
+                "kind": "TokenReview",
+                "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"creationTimestamp": null},
+                "spec": {"token": token},
+                "status": status,
+            }),
+        )
+    }
+}
+
+/// A token shaped like a Kubernetes service-account token (three base64url segments) that no
+/// API server issued, a different one for each `seed`.
+pub fn jwt_shaped(seed: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let hex = |part: &str| -> String {
+        Sha256::digest(format!("{part} {seed}").as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    format!(
+        "eyJhbGciOiJSUzI1NiJ9.eyJ{}.{}",
+        hex("payload"),
+        hex("signature")
+    )
+}
