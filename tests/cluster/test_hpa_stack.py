@@ -22,8 +22,12 @@ import pytest
 from harness.procs import wait_for
 
 from conftest import BIN
-from control_plane import ADDRESS
-from hpa_stack import HPA_CONTROLLER, HpaMetricsStack, KubeApi, KubeError
+from infra.control_plane import ADDRESS
+from infra.hpa_stack import HPA_CONTROLLER, HpaMetricsStack, KubeApi, KubeError
+
+# The HPA path's stacks register the one cluster-wide custom.metrics.k8s.io APIService:
+# test_hpa_stack.py and test_hpa_path.py run one after the other, in one process.
+pytestmark = pytest.mark.xdist_group("custom-metrics-apiservice")
 
 RELEASE = "astro"
 METRIC = "astro_agent_client_queued_or_running_tasks"

@@ -23,7 +23,7 @@ import pytest
 
 from harness.procs import wait_for
 
-from keda_components import METRICS_SERVER, NAMESPACE, OPERATOR, condition, object_path
+from infra.keda_components import METRICS_SERVER, NAMESPACE, OPERATOR, condition, object_path
 
 NS = "keda-components"
 NAME = "backlog-worker"

@@ -284,6 +284,8 @@ class Keda:
         self.operator: Daemon | None = None
         self.metrics_server: Daemon | None = None
         self._daemons: list[Daemon] = []
+        self.attached = False
+        self._running_audiences: list[dict] = []
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -315,9 +317,30 @@ class Keda:
         for daemon in reversed(self._daemons):
             daemon.stop(timeout=15)
 
+    @classmethod
+    def attach(cls, workdir: Path, bin_dir: Path, control_plane: Any, address: str, token_audiences: Iterable[dict],
+               http_timeout_ms: int, ports: Ports, crd_names: list[str]) -> "Keda":
+        """The KEDA another process started (and stops) with these arguments: its API, ports and
+        logs, without its processes."""
+        keda = cls(workdir, bin_dir, control_plane, address, token_audiences, http_timeout_ms)
+        keda.ports, keda.crd_names, keda.attached = ports, list(crd_names), True
+        keda.operator = Daemon(OPERATOR, [], {}, keda.logs / f"{OPERATOR}.log")
+        keda.metrics_server = Daemon(METRICS_SERVER, [], {}, keda.logs / f"{METRICS_SERVER}.log")
+        keda._daemons = [keda.operator, keda.metrics_server]
+        keda._running_audiences = list(keda.token_audiences)
+        return keda
+
     def set_token_audiences(self, entries: Iterable[dict], timeout: float = 120.0) -> None:
-        """Replace ``KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`` and restart the operator with it."""
+        """Replace ``KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`` and restart the operator with it,
+        unless the operator already runs with every entry: then nothing changes for it (the
+        entries it has besides are other accounts'), and nothing is restarted under scenarios
+        that run at the same time."""
         self.token_audiences = [dict(e) for e in entries]
+        if all(e in self._running_audiences for e in self.token_audiences):
+            return
+        if self.attached:
+            raise RuntimeError(f"KEDA runs in another process with {self._running_audiences}: it cannot be "
+                               f"restarted from here for {self.token_audiences}")
         if self.operator is not None:
             self.operator.stop(timeout=15)
             self._start_operator(timeout)
@@ -497,6 +520,7 @@ class Keda:
 
     def _start_operator(self, timeout: float) -> None:
         self.operator = self._daemon(OPERATOR, self._operator_argv(), self._operator_env())
+        self._running_audiences = list(self.token_audiences)
         probe = f"http://127.0.0.1:{self.ports.operator_probe}/readyz"
 
         def ready() -> bool:
@@ -568,7 +592,7 @@ class Keda:
 def _keda_version() -> str:
     """KEDA's version without the v (2.21.0), as its release manifests label objects: the pin
     the build used (tests/chart/pins.env)."""
-    pins = Path(__file__).resolve().parents[1] / "chart" / "pins.env"
+    pins = Path(__file__).resolve().parents[2] / "chart" / "pins.env"
     for line in pins.read_text().splitlines():
         if line.startswith("KEDA_VERSION="):
             return line.split("=", 1)[1].strip().removeprefix("v")

@@ -49,7 +49,7 @@ from harness import certs
 from harness.procs import Daemon, StartupError, starting, wait_for
 from harness.prometheus_server import PrometheusServer
 
-_TESTS = Path(__file__).resolve().parents[1]
+_TESTS = Path(__file__).resolve().parents[2]
 
 CHART = _TESTS.parent / "charts" / "astro-agent"
 # The chart's HPA scenario: workers with `hpa`, the worker ServiceMonitor and the adapter rules.

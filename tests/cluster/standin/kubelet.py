@@ -1945,6 +1945,8 @@ class Machine:
 class NodeSpec:
     name: str
     capacity: dict[str, str]
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[Obj] = field(default_factory=list)
 
 
 class Node:
@@ -1953,7 +1955,7 @@ class Node:
 
     def __init__(self, machine: Machine, spec: NodeSpec, index: int, cidr_base: str, labels: dict[str, str],
                  taints: list[Obj]) -> None:
-        self.machine, self.name, self.taints = machine, spec.name, taints
+        self.machine, self.name, self.taints = machine, spec.name, taints + spec.taints
         self.cidr = f"{cidr_base}.{index}.0/24"
         self.network = PodNetwork(self.name, f"{cidr_base}.{index}", machine.host_ip)
         disk = os.statvfs(machine.workdir)
@@ -1961,7 +1963,7 @@ class Node:
         self.allocatable = {k: parse_quantity(v) for k, v in self.capacity.items()}
         self.labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
                        "kubernetes.io/arch": _arch(), "beta.kubernetes.io/os": "linux",
-                       "beta.kubernetes.io/arch": _arch()} | labels
+                       "beta.kubernetes.io/arch": _arch()} | labels | spec.labels
         self._lock = threading.Lock()
         self._workers: dict[str, PodWorker] = {}
         self._finished: dict[str, None] = {}  # UIDs whose worker ended: late events must not revive them
@@ -2111,24 +2113,40 @@ def _os_image() -> str:
 # Command line
 
 
+def _taint(text: str) -> Obj:
+    key_value, _, effect = text.rpartition(":")
+    key, _, value = key_value.partition("=")
+    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise argparse.ArgumentTypeError(f"taint {text!r} is not KEY[=VALUE]:EFFECT")
+    return {"key": key, "effect": effect} | ({"value": value} if value else {})
+
+
 def _node_spec(text: str, defaults: dict[str, str]) -> NodeSpec:
     name, _, overrides = text.partition(":")
-    capacity = dict(defaults)
+    spec = NodeSpec(name, dict(defaults))
     for item in filter(None, overrides.split(",")):
         key, _, value = item.partition("=")
-        if key not in capacity:
-            raise argparse.ArgumentTypeError(f"--node {text}: unknown capacity {key!r} (cpu, memory, pods)")
-        capacity[key] = value
-    for value in capacity.values():
+        if key == "label":
+            label, _, label_value = value.partition("=")
+            spec.labels[label] = label_value
+        elif key == "taint":
+            spec.taints.append(_taint(value))
+        elif key in spec.capacity:
+            spec.capacity[key] = value
+        else:
+            raise argparse.ArgumentTypeError(f"--node {text}: unknown item {key!r} (cpu, memory, pods, label, taint)")
+    for value in spec.capacity.values():
         parse_quantity(value)
-    return NodeSpec(name, capacity)
+    return spec
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Run the Pods bound to the given Nodes as local processes (a kubelet stand-in).")
     p.add_argument("--kubeconfig", type=Path, required=True)
-    p.add_argument("--node", action="append", required=True, metavar="NAME[:cpu=N,memory=Q,pods=N]",
-                   help="a Node to register and run Pods for; repeatable; capacity overrides after a colon")
+    p.add_argument("--node", action="append", required=True,
+                   metavar="NAME[:cpu=N,memory=Q,pods=N,label=KEY=VALUE,taint=KEY[=VALUE]:EFFECT]",
+                   help="a Node to register and run Pods for; repeatable; after a colon: capacity overrides, "
+                        "and labels and taints of this node only (each repeatable)")
     p.add_argument("--cpu", default="2", help="default cpu capacity of each node")
     p.add_argument("--memory", default="8Gi", help="default memory capacity of each node")
     p.add_argument("--pods", default="20", help="default Pod capacity of each node")
@@ -2154,13 +2172,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not sep or not name or not os.access(path, os.X_OK):
             p.error(f"--image {image}: expected NAME=PATH to an executable")
     args.labels = dict(label.partition("=")[::2] for label in args.node_label)
-    args.taints = []
-    for taint in filter(None, args.register_with_taints.split(",")):
-        key_value, _, effect = taint.rpartition(":")
-        key, _, value = key_value.partition("=")
-        if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-            p.error(f"--register-with-taints: {taint!r} is not KEY[=VALUE]:EFFECT")
-        args.taints.append({"key": key, "effect": effect} | ({"value": value} if value else {}))
+    try:
+        args.taints = [_taint(t) for t in filter(None, args.register_with_taints.split(","))]
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--register-with-taints: {e}")
     return args
 
 

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "astro-agent"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "astro-agent"
 
 
 class HelmRelease:
