@@ -166,8 +166,7 @@ def release_factory(control_plane, keda):
     made: list[HelmRelease] = []
 
     def make(name: str, namespace: str) -> HelmRelease:
-        release = HelmRelease(Path(os.environ["ASTRO_HELM"]), control_plane.kubeconfig, name, namespace,
-                              WORK / "helm" / name)
+        release = HelmRelease(control_plane.kubeconfig, name, namespace, WORK / "helm" / name)
         made.append(release)
         return release
 

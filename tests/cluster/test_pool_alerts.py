@@ -24,7 +24,7 @@ from harness.procs import wait_for
 from harness.prometheus_server import PrometheusServer
 
 from conftest import chart_values, dedicated_nodes
-from infra.hpa_stack import render_chart
+from infra.helm_release import render_chart
 
 NAMESPACE = "astro-alerts"
 RELEASE = "alerts"

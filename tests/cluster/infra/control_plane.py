@@ -25,6 +25,8 @@ from pathlib import Path
 from harness import certs
 from harness.procs import Daemon, StartupError, free_port, starting, wait_for
 
+from infra.kube_api import write_kubeconfig
+
 ADDRESS = "10.200.0.1"
 API_PORT = 6443
 SERVICE_CIDR = "10.96.0.0/24"
@@ -99,15 +101,7 @@ class ControlPlane:
         (self.pki / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
 
     def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: test\n  cluster:\n    server: {self.server}\n"
-            f"    certificate-authority: {self.ca_file}\n"
-            f"users:\n- name: admin\n  user:\n    token: {self.token}\n"
-            "contexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n"
-            "current-context: test\n"
-        )
-        self.kubeconfig.chmod(0o600)
+        write_kubeconfig(self.kubeconfig, self.server, self.ca_file, "admin", self.token)
 
     def _daemon(self, name: str, argv: list[str]) -> Daemon:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir)}

@@ -44,8 +44,6 @@ import secrets
 import socket
 import ssl
 import time
-import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +53,8 @@ import yaml
 
 from harness.procs import Daemon, StartupError, free_port, starting, wait_for
 
+from infra.kube_api import KubeApi, condition, object_path, write_kubeconfig  # noqa: F401  (condition: for the tests)
+
 ADDRESS = "10.200.0.1"
 NAMESPACE = "keda"
 OPERATOR = "keda-operator"  # Deployment, ServiceAccount and Service of the operator
@@ -62,108 +62,9 @@ METRICS_SERVER = "keda-metrics-apiserver"  # Deployment and Service of the metri
 CERT_SECRET = "kedaorg-certs"
 API_SERVICE = "v1beta1.external.metrics.k8s.io"
 CLUSTER_DOMAIN = "cluster.local"
-FIELD_MANAGER = "keda-install"
 # KEDA's configuration folders a release install applies (config/default/kustomization.yaml),
 # without ../webhooks: the admission webhooks are not run here.
 INSTALL_PARTS = ("crd", "general", "rbac", "manager", "metrics-server", "service_account")
-
-
-class ApiError(RuntimeError):
-    def __init__(self, method: str, path: str, status: int, body: str):
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:2000]}")
-        self.status = status
-
-
-class Api:
-    """The few Kubernetes API calls an install needs, over HTTPS with a bearer token."""
-
-    def __init__(self, server: str, ca_file: Path | str, token: str):
-        self.server = server.rstrip("/")
-        self.token = token
-        self.context = ssl.create_default_context(cafile=str(ca_file))
-
-    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                token: str | None = None, timeout: float = 30) -> tuple[int, Any]:
-        """Status and decoded JSON body (raw text if not JSON); never raises on HTTP errors."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Authorization": f"Bearer {token or self.token}", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = content_type
-        req = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout, context=self.context) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        text = raw.decode("utf-8", "replace")
-        try:
-            return status, json.loads(text)
-        except ValueError:
-            return status, text
-
-    def call(self, method: str, path: str, body: Any = None, ok: Iterable[int] = (200, 201), **kw) -> Any:
-        status, data = self.request(method, path, body, **kw)
-        if status not in ok:
-            raise ApiError(method, path, status, data if isinstance(data, str) else json.dumps(data))
-        return data
-
-    def get(self, path: str) -> Any | None:
-        """The object at ``path``, or None if it does not exist."""
-        status, data = self.request("GET", path)
-        if status == 404:
-            return None
-        if status != 200:
-            raise ApiError("GET", path, status, json.dumps(data) if not isinstance(data, str) else data)
-        return data
-
-    def apply(self, obj: dict, field_manager: str = FIELD_MANAGER) -> dict:
-        """Server-side apply (as ``kubectl apply --server-side --force-conflicts``): KEDA's CRDs
-        are too large for the annotation client-side apply keeps."""
-        query = urllib.parse.urlencode({"fieldManager": field_manager, "force": "true"})
-        return self.call("PATCH", f"{object_path(obj)}?{query}", obj, content_type="application/apply-patch+yaml")
-
-    def create_token(self, namespace: str, service_account: str, seconds: int = 86400) -> str:
-        """A TokenRequest token for a ServiceAccount, as the kubelet mounts one into a pod."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                "spec": {"expirationSeconds": seconds}}
-        data = self.call("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token", body)
-        return data["status"]["token"]
-
-
-# (apiVersion, kind) -> (resource, namespaced) for the kinds an install applies.
-_RESOURCES = {
-    ("v1", "Namespace"): ("namespaces", False),
-    ("v1", "ServiceAccount"): ("serviceaccounts", True),
-    ("v1", "Service"): ("services", True),
-    ("v1", "Secret"): ("secrets", True),
-    ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True),
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
-    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
-    ("apiregistration.k8s.io/v1", "APIService"): ("apiservices", False),
-}
-
-
-def object_path(obj: dict) -> str:
-    api_version, kind = obj["apiVersion"], obj["kind"]
-    try:
-        resource, namespaced = _RESOURCES[(api_version, kind)]
-    except KeyError:
-        raise ValueError(f"no API path known for {api_version} {kind}") from None
-    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    meta = obj["metadata"]
-    ns = f"/namespaces/{meta['namespace']}" if namespaced else ""
-    return f"{prefix}{ns}/{resource}/{meta['name']}"
-
-
-def condition(obj: dict | None, kind: str) -> str | None:
-    """``status`` of the condition ``kind`` in ``obj['status']['conditions']``, else None."""
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return c.get("status")
-    return None
 
 
 # ---- KEDA's config/ folder: a small kustomize ---------------------------------------------
@@ -274,7 +175,7 @@ class Keda:
         self.address = address
         self.token_audiences = [dict(e) for e in token_audiences]
         self.http_timeout_ms = http_timeout_ms
-        self.api = Api(control_plane.server, control_plane.ca_file, control_plane.token)
+        self.api = KubeApi(control_plane.server, control_plane.token, control_plane.ca_file)
         self.cert_dir = self.workdir / "certs"  # the Secret volume both pods mount at /certs
         self.kubeconfig = self.workdir / "keda-operator.kubeconfig"
         self.logs = self.workdir / "logs"
@@ -432,17 +333,8 @@ class Keda:
     def _write_kubeconfig(self) -> None:
         # The operator's pod runs as the keda-operator ServiceAccount; so does the metrics
         # server in the release manifest (config/metrics-server/deployment.yaml).
-        token = self.api.create_token(NAMESPACE, OPERATOR)
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: cluster\n  cluster:\n    server: {self.control_plane.server}\n"
-            f"    certificate-authority: {self.control_plane.ca_file}\n"
-            f"users:\n- name: {OPERATOR}\n  user:\n    token: {token}\n"
-            f"contexts:\n- name: keda\n  context:\n    cluster: cluster\n    user: {OPERATOR}\n"
-            f"    namespace: {NAMESPACE}\n"
-            "current-context: keda\n"
-        )
-        self.kubeconfig.chmod(0o600)
+        write_kubeconfig(self.kubeconfig, self.control_plane.server, self.control_plane.ca_file, OPERATOR,
+                         self.api.create_token(NAMESPACE, OPERATOR), namespace=NAMESPACE)
 
     # ---- processes -------------------------------------------------------------------
 

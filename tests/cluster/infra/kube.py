@@ -15,6 +15,8 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from infra.kube_api import condition  # noqa: F401  (for the scenarios)
+
 
 class Cluster:
     """Typed API handles with the admin identity, and a few reads the scenarios share."""
@@ -51,14 +53,6 @@ class Cluster:
 
         secret = self.core.read_namespaced_secret(name, namespace)
         return base64.b64decode(secret.data[key]).decode()
-
-
-def condition(obj: dict, kind: str) -> str | None:
-    """``status`` of the condition ``kind`` of a custom object (dict form), else None."""
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return c.get("status")
-    return None
 
 
 # ---- pods' life stories ----------------------------------------------------------------
