@@ -1,4 +1,4 @@
-"""Fast checks of the kubelet stand-in (node_standin.py) against the real control plane, on the
+"""Fast checks of the kubelet stand-in (standin/) against the real control plane, on the
 kubelet rules the other scenarios rely on: a container's environment and volumes, readiness,
 restarts, and graceful deletion (SIGTERM, the grace period, SIGKILL, the final DELETE).
 
@@ -24,7 +24,7 @@ import pytest
 
 from harness.procs import Daemon, wait_for
 
-from standin.kubelet import ApiError, KubeApi, container_log_path, lifecycle_log_path
+from standin import ApiError, KubeApi, container_log_path, lifecycle_log_path
 
 HERE = Path(__file__).resolve().parent
 
@@ -90,10 +90,10 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(3600)"
 @pytest.fixture(scope="module")
 def standin(control_plane):
     """The stand-in running one tainted Node; stopped (and its Node deleted) at the end."""
-    args = [sys.executable, str(HERE / "standin" / "kubelet.py"), "--kubeconfig", str(control_plane.kubeconfig),
+    args = [sys.executable, "-m", "standin", "--kubeconfig", str(control_plane.kubeconfig),
             "--workdir", str(WORK), "--node", f"{NODE}:cpu=1,memory=2Gi,pods=10", "--pod-cidr-base", "10.250",
             "--register-with-taints", TAINT, "--image", f"python={sys.executable}", "--shutdown-grace", "3"]
-    daemon = Daemon("node-standin-test", args, dict(os.environ) | {CANARY: "leaked"}, WORK / "standin.log").start()
+    daemon = Daemon("node-standin-test", args, dict(os.environ) | {CANARY: "leaked", "PYTHONPATH": str(HERE)}, WORK / "standin.log").start()
     api = KubeApi(control_plane.kubeconfig)
 
     def ready() -> bool:

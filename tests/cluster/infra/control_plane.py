@@ -11,7 +11,7 @@ tokens signed by the API server, the front proxy the aggregation layer authentic
 controllers running with one service-account identity each (so the HPA controller needs the
 same RBAC to read external and custom metrics as in a real cluster), and a scheduler. What it
 leaves out: kube-proxy and cluster DNS (see ``service_hosts.py``), and the kubelet (see
-``node_standin.py``). Clients authenticate with a static admin token (system:masters).
+``standin/``). Clients authenticate with a static admin token (system:masters).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def start_service_hosts(work: Path, control_plane: ControlPlane) -> Daemon:
 
 def start_nodes(work: Path, control_plane: ControlPlane, cluster: Cluster) -> Daemon:
     """The kubelet stand-in running the general and the dedicated Nodes; waits until all are Ready."""
-    args = [sys.executable, str(CLUSTER_TESTS / "standin" / "kubelet.py"),
+    args = [sys.executable, "-m", "standin",
             "--kubeconfig", str(control_plane.kubeconfig), "--workdir", str(work / "nodes"),
             "--image", f"astro-agent={os.environ['ASTRO_AGENT_BIN']}",
             "--image", f"astro-sentinel={os.environ['ASTRO_SENTINEL_BIN']}"]
@@ -94,7 +94,7 @@ def start_nodes(work: Path, control_plane: ControlPlane, cluster: Cluster) -> Da
         mark = f"{DEDICATED_KEY}={namespace}"
         for node in dedicated_node_names(namespace):
             args += ["--node", f"{node}:{DEDICATED_CAPACITY},label={mark},taint={mark}:NoSchedule"]
-    daemon = Daemon("node-standin", args, dict(os.environ), work / "logs" / "node-standin.log").start()
+    daemon = Daemon("node-standin", args, _env_with_cluster_tests(), work / "logs" / "node-standin.log").start()
     names = set(node_names())
     try:
         def ready() -> bool:
