@@ -68,15 +68,17 @@ while True:
     time.sleep(1)
 """
 
-# A container whose liveness rests on /tmp/alive, which GET /die removes; it logs every request.
+# A container that logs every request: GET /die makes its liveness probe fail (/tmp/dead), GET
+# /prestop (its preStop hook) clears that, so that the run after a restart is live again.
 HOOKED = """
 import http.server, os
-open("/tmp/alive", "w").close()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         print("GET", self.path, flush=True)
         if self.path == "/die":
-            os.remove("/tmp/alive")
+            open("/tmp/dead", "w").close()
+        elif self.path == "/prestop" and os.path.exists("/tmp/dead"):
+            os.remove("/tmp/dead")
         self.send_response(200)
         self.end_headers()
     def log_message(self, *args):
@@ -320,7 +322,7 @@ def test_probes_and_lifecycle_hooks(standin, namespace):
          # Started once postStart has written /tmp/started: the startup probe reads it.
          "startupProbe": {"exec": {"command": ["cat", "/tmp/started"]}, "periodSeconds": 1, "failureThreshold": 30},
          "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 1},
-         "livenessProbe": {"exec": {"command": ["test", "-f", "/tmp/alive"]}, "periodSeconds": 1, "failureThreshold": 1},
+         "livenessProbe": {"exec": {"command": ["test", "!", "-e", "/tmp/dead"]}, "periodSeconds": 1, "failureThreshold": 1},
          "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "echo hooked > /tmp/started"]}},
                        "preStop": {"httpGet": {"path": "/prestop", "port": "http"}}},
          "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}]},
@@ -342,11 +344,12 @@ def test_probes_and_lifecycle_hooks(standin, namespace):
     steps = lifecycle_log_path(WORK, namespace, "hooked", uid)
     assert "container main: startup probe succeeded" in steps.read_text()
 
-    # The liveness probe (exec) fails once /tmp/alive is gone: the container is restarted, after
-    # its preStop hook (httpGet), and is started and Ready again (postStart, startup, readiness).
+    # The liveness probe (exec) fails once /tmp/dead exists: the container is restarted, after its
+    # preStop hook (httpGet, which removes it), and is started and Ready again.
     with urllib.request.urlopen(f"http://{ip}:8080/die", timeout=5):
         pass
-    wait_for(ready(1), 60, "the liveness probe's restart, and the Pod Ready again")
+    wait_for(ready(1), 60, "the liveness probe's restart, and the Pod Ready again",
+             on_timeout=lambda: f"{steps.read_text()}\n{json.dumps(get_pod(api, namespace, 'hooked')['status'])}")
     assert "Container main failed liveness probe, will be restarted" in steps.read_text()
     log = container_log_path(WORK, namespace, "hooked", "main", uid)
     assert log.read_text().count("GET /prestop") == 1
