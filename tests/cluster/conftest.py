@@ -80,6 +80,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadgroup, except that a process gets its next group only when it is down to the
+    last test of the one it has (which it runs once it knows what comes next), not with two left:
+    else the longest file's process takes a second file at the start and the stage lasts both."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneGroupAhead(LoadGroupScheduling):
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return OneGroupAhead(config, log)
+
+
 @functools.cache
 def _attached() -> stage.Attached:
     return stage.attach(Path(STATE))
