@@ -1,18 +1,20 @@
-"""The cluster infrastructure's Kubernetes API client: bearer-token HTTPS calls with the standard
-library, objects as plain dicts, and the one table of API paths for the kinds it writes. The
-scenarios read the cluster through :class:`infra.kube.Cluster` (the official client); the
-kubelet stand-in keeps a client of its own (``standin``), so that it runs apart from these.
+"""The cluster tests' Kubernetes API client: :class:`KubeApi`, the official Python client's
+connection (admin bearer token, the cluster CA) with calls that take and give objects as plain
+dicts, for the infrastructure's installs and any kind the typed API lacks; and the one table of
+API paths for the kinds written that way. :class:`infra.kube.Cluster` adds the typed handles
+the scenarios read with, on the same connection. The kubelet stand-in keeps a client of its own
+(``standin``), so that it runs apart from these.
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterable
+
+import urllib3
+from kubernetes import client
 
 FIELD_MANAGER = "astro-cluster-tests"
 
@@ -90,12 +92,16 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path | str, user: str, to
 
 
 class KubeApi:
-    """Bearer-token HTTPS calls to the API server (standard library only)."""
+    """Calls to the API server with the admin identity, objects as plain dicts."""
 
     def __init__(self, server: str, token: str, ca_file: Path | str):
         self.server = server.rstrip("/")
         self.token = token
-        self.context = ssl.create_default_context(cafile=str(ca_file))
+        config = client.Configuration()
+        config.host = self.server
+        config.ssl_ca_cert = str(ca_file)
+        config.api_key = {"authorization": f"Bearer {token}"}
+        self.api = client.ApiClient(config)
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json", *,
                 token: str | None = None, headers: dict[str, str] | None = None,
@@ -106,17 +112,13 @@ class KubeApi:
         if data is not None:
             sent["Content-Type"] = content_type
         sent |= headers or {}
-        req = urllib.request.Request(self.server + path, data=data, method=method, headers=sent)
+        answer = self.api.rest_client.pool_manager.request(
+            method, self.server + path, body=data, headers=sent, timeout=urllib3.Timeout(total=timeout))
+        text = answer.data.decode("utf-8", "replace")
         try:
-            with urllib.request.urlopen(req, timeout=timeout, context=self.context) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        text = raw.decode("utf-8", "replace")
-        try:
-            return status, json.loads(text) if text else None
+            return answer.status, json.loads(text) if text else None
         except ValueError:
-            return status, text
+            return answer.status, text
 
     def call(self, method: str, path: str, body: Any = None, ok: Iterable[int] = (200, 201), **kw: Any) -> Any:
         """The decoded answer; :class:`KubeError` for a status not in ``ok``."""
