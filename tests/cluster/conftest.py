@@ -9,8 +9,8 @@ The scenarios run side by side (pytest-xdist), each in its own namespace and rel
 ``ASTRO_CLUSTER_STATE`` set, the shared infrastructure below was started once by
 ``infra/driver.py`` and every pytest process attaches to it; without it (a file run alone) these
 fixtures start their own. Each test file runs in one process, in the order of ``FIRST`` (the
-longest first) and then by name; files that share cluster-wide state say so with an
-``xdist_group`` mark of their own.
+longest first) and then by name; files that share cluster-wide state run in one process, one
+after the other (``TOGETHER``).
 
 Session fixtures (in ``infra/stage.py``), each stopped by PID at the end (also on failure) by
 whoever started it:
@@ -44,6 +44,9 @@ ROOT = HERE.parents[1]
 
 # Test files that run first, longest first: the stage lasts as long as its longest process.
 FIRST = ("test_keda_scaling.py", "test_hpa_path.py", "test_external_push.py", "test_pool_alerts.py")
+# Test files that share cluster-wide state, by the name of what they share: the HPA path's stacks
+# register the one custom.metrics.k8s.io APIService.
+TOGETHER = {"test_hpa_path.py": "custom-metrics-apiservice", "test_hpa_stack.py": "custom-metrics-apiservice"}
 
 
 def _env_path(name: str) -> Path:
@@ -66,29 +69,30 @@ def pytest_configure(config):
     signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Longest files first; every test of a file in one process (its module fixtures install one
-    release), grouped by file unless the file names its group."""
+    """Longest files first (the processes take files in this order)."""
     def order(item) -> tuple:
         name = item.path.name
         return (FIRST.index(name) if name in FIRST else len(FIRST), name)
 
     items.sort(key=order)  # stable: a file's tests keep their order
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's loadgroup, except that a process gets its next group only when it is down to the
-    last test of the one it has (which it runs once it knows what comes next), not with two left:
-    else the longest file's process takes a second file at the start and the stage lasts both."""
-    if config.getvalue("dist") != "loadgroup":
+    """xdist's loadfile (every test of a file in one process: its module fixtures install one
+    release), with the files of ``TOGETHER`` as one; and a process gets its next file only when it
+    is down to the last test of the one it has (which it runs once it knows what comes next), not
+    with two left: else the longest file's process takes a second file at the start and the
+    stage lasts both."""
+    if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadFileScheduling
 
-    class OneGroupAhead(LoadGroupScheduling):
+    class Files(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return TOGETHER.get(path.rsplit("/", 1)[-1], path)
+
         def _reschedule(self, node) -> None:
             if node.shutting_down:
                 return
@@ -98,7 +102,7 @@ def pytest_xdist_make_scheduler(config, log):
             if self._pending_of(self.assigned_work[node]) <= 1:
                 self._assign_work_unit(node)
 
-    return OneGroupAhead(config, log)
+    return Files(config, log)
 
 
 @functools.cache

@@ -90,5 +90,5 @@ unshare --net --mount --propagation private -- bash -c '
     exit 1
   fi
   echo "shared infrastructure ready in $((SECONDS - started)) s"
-  "$python" -m pytest -n "$ASTRO_CLUSTER_PROCESSES" --dist loadgroup --no-loadscope-reorder --durations=30 "$@"
+  "$python" -m pytest -n "$ASTRO_CLUSTER_PROCESSES" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
 ' cluster-stage "$root" "$tools/bin/python" -p no:cacheprovider -v -rA "${@:-tests/cluster}"

@@ -15,10 +15,6 @@ from conftest import WORK, BIN, chart_values
 from infra.hpa_stack import HpaMetricsStack
 from infra.kube import PodRecorder, ReplicaTimeline
 
-# The HPA path's stacks register the one cluster-wide custom.metrics.k8s.io APIService:
-# test_hpa_stack.py and test_hpa_path.py run one after the other, in one process.
-pytestmark = pytest.mark.xdist_group("custom-metrics-apiservice")
-
 NAMESPACE = "astro-hpa"
 DEPLOYMENT = "astro-worker-hpa"
 HPA = "astro-worker-hpa"

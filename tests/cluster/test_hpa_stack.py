@@ -25,10 +25,6 @@ from conftest import BIN
 from infra.control_plane import ADDRESS
 from infra.hpa_stack import HPA_CONTROLLER, HpaMetricsStack, KubeApi, KubeError
 
-# The HPA path's stacks register the one cluster-wide custom.metrics.k8s.io APIService:
-# test_hpa_stack.py and test_hpa_path.py run one after the other, in one process.
-pytestmark = pytest.mark.xdist_group("custom-metrics-apiservice")
-
 RELEASE = "astro"
 METRIC = "astro_agent_client_queued_or_running_tasks"
 # What a worker exports for a queue with 7 queued tasks (Prometheus text format).
