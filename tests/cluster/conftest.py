@@ -5,10 +5,19 @@ builds what is missing and enters the private network and mount namespace these 
 expect (``ASTRO_CLUSTER_BIN``, ``ASTRO_CLUSTER_WORK``, ``ASTRO_HELM``, ``ASTRO_AGENT_BIN``,
 ``ASTRO_SENTINEL_BIN`` set; 10.200.0.1 on ``lo``; a writable hosts file over /etc/hosts).
 
-Session fixtures, each stopped by PID at the end (also on failure):
+The scenarios run side by side (pytest-xdist), each in its own namespace and release: with
+``ASTRO_CLUSTER_STATE`` set, the shared infrastructure below was started once by
+``infra/driver.py`` and every pytest process attaches to it; without it (a file run alone) these
+fixtures start their own. Each test file runs in one process, in the order of ``FIRST`` (the
+longest first) and then by name; files that share cluster-wide state run in one process, one
+after the other (``TOGETHER``).
+
+Session fixtures (in ``infra/stage.py``), each stopped by PID at the end (also on failure) by
+whoever started it:
 * ``control_plane``: etcd, kube-apiserver, kube-controller-manager, kube-scheduler;
-* ``cluster``: :class:`kube.Cluster` (the official client, admin identity);
-* ``nodes``: two Nodes (2 CPUs, 8 GiB, 30 pods each) run by the kubelet stand-in;
+* ``cluster``: :class:`infra.kube.Cluster` (the official client, admin identity);
+* ``nodes``: two large general Nodes, and two 2-CPU Nodes for each namespace of
+  ``stage.DEDICATED`` (:func:`dedicated_nodes`), run by the kubelet stand-in;
 * ``keda``: KEDA's operator and metrics API server, with its CRDs and APIService;
 * ``airflow``: a real Airflow 3 on PostgreSQL, its api-server on 10.200.0.1 so pods reach it,
   with this stage's DAGs;
@@ -18,28 +27,26 @@ Session fixtures, each stopped by PID at the end (also on failure):
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness.airflow_stack import AirflowStack
-from harness.procs import Daemon, wait_for
-
-from control_plane import ADDRESS, ControlPlane
-from helm_release import HelmRelease
-from keda_components import Keda
-from kube import Cluster
+from infra import stage
+from infra.helm_release import HelmRelease
+from infra.kube import Cluster
+from infra.stage import dedicated_nodes  # noqa: F401  (for the scenarios)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
-NODES = ("node-a", "node-b")
-NODE_CPU = "2"
-NODE_MEMORY = "8Gi"
+# Test files that run first, longest first: the stage lasts as long as its longest process.
+FIRST = ("test_keda_scaling.py", "test_hpa_path.py", "test_scale_in_idle_first.py", "test_pool_alerts.py")
+# Test files that share cluster-wide state, by the name of what they share: the HPA path's stacks
+# register the one custom.metrics.k8s.io APIService.
+TOGETHER = {"test_hpa_path.py": "custom-metrics-apiservice", "test_hpa_stack.py": "custom-metrics-apiservice"}
 
 
 def _env_path(name: str) -> Path:
@@ -51,6 +58,7 @@ def _env_path(name: str) -> Path:
 
 WORK = _env_path("ASTRO_CLUSTER_WORK")
 BIN = _env_path("ASTRO_CLUSTER_BIN")
+STATE = os.environ.get("ASTRO_CLUSTER_STATE")
 
 
 def pytest_configure(config):
@@ -61,15 +69,59 @@ def pytest_configure(config):
     signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Longest files first (the processes take files in this order)."""
+    def order(item) -> tuple:
+        name = item.path.name
+        return (FIRST.index(name) if name in FIRST else len(FIRST), name)
+
+    items.sort(key=order)  # stable: a file's tests keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadfile (every test of a file in one process: its module fixtures install one
+    release), with the files of ``TOGETHER`` as one; and a process gets its next file only when it
+    is down to the last test of the one it has (which it runs once it knows what comes next), not
+    with two left: else the longest file's process takes a second file at the start and the
+    stage lasts both."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Files(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return TOGETHER.get(path.rsplit("/", 1)[-1], path)
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return Files(config, log)
+
+
+@functools.cache
+def _attached() -> stage.Attached:
+    return stage.attach(Path(STATE))
+
+
 @pytest.fixture(scope="session")
 def control_plane():
-    cp = ControlPlane(WORK / "control-plane", BIN)
+    if STATE:
+        yield _attached().control_plane
+        return
+    cp = None
     try:
-        cp.start()
-        print(f"\ncontrol plane up in {cp.timings['total']:.1f}s (API server ready after {cp.timings['apiserver']:.1f}s)")
+        cp = stage.start_control_plane(WORK, BIN)
         yield cp
     finally:
-        cp.stop()
+        if cp is not None:
+            cp.stop()
 
 
 @pytest.fixture(scope="session")
@@ -80,12 +132,10 @@ def cluster(control_plane) -> Cluster:
 @pytest.fixture(scope="session")
 def service_hosts(control_plane):
     """Cluster DNS's stand-in: keeps /etc/hosts (a private copy) mapping Services to endpoints."""
-    daemon = Daemon(
-        "service-hosts",
-        [sys.executable, str(HERE / "service_hosts.py"), "--kubeconfig", str(control_plane.kubeconfig),
-         "--hosts-file", "/etc/hosts"],
-        dict(os.environ), WORK / "logs" / "service-hosts.log",
-    ).start()
+    if STATE:
+        yield None
+        return
+    daemon = stage.start_service_hosts(WORK, control_plane)
     try:
         yield daemon
     finally:
@@ -94,23 +144,12 @@ def service_hosts(control_plane):
 
 @pytest.fixture(scope="session")
 def nodes(control_plane, cluster, service_hosts):
-    """The kubelet stand-in running two Nodes; waits until both are Ready."""
-    args = [sys.executable, str(HERE / "node_standin.py"), "--kubeconfig", str(control_plane.kubeconfig),
-            "--workdir", str(WORK / "nodes"), "--cpu", NODE_CPU, "--memory", NODE_MEMORY, "--pods", "30",
-            "--image", f"astro-agent={os.environ['ASTRO_AGENT_BIN']}",
-            "--image", f"astro-sentinel={os.environ['ASTRO_SENTINEL_BIN']}"]
-    for node in NODES:
-        args += ["--node", node]
-    daemon = Daemon("node-standin", args, dict(os.environ), WORK / "logs" / "node-standin.log").start()
+    """The kubelet stand-in running the general and dedicated Nodes, all Ready."""
+    if STATE:
+        yield None
+        return
+    daemon = stage.start_nodes(WORK, control_plane, cluster)
     try:
-        def ready() -> bool:
-            daemon.check_alive()
-            items = cluster.core.list_node().items
-            return len(items) == len(NODES) and all(
-                any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in items
-            )
-
-        wait_for(ready, 60, "both Nodes Ready", on_timeout=daemon.tail)
         yield daemon
     finally:
         daemon.stop(timeout=60)
@@ -118,35 +157,31 @@ def nodes(control_plane, cluster, service_hosts):
 
 @pytest.fixture(scope="session")
 def keda(control_plane, service_hosts):
-    # What NOTES.txt tells users to give KEDA's operator for the identity scenario's release
-    # (test_identity.py): KEDA >= 2.21 mints bound tokens only for audiences listed here.
-    bound_identity = {"namespace": "keda", "serviceAccountName": "astro-astro-bound-keda-sentinel",
-                      "audience": "astro-sentinel"}
-    k = Keda(WORK / "keda", BIN, control_plane, token_audiences=[bound_identity])
+    if STATE:
+        yield _attached().keda
+        return
+    k = None
     try:
-        k.start()
+        k = stage.start_keda(WORK, BIN, control_plane)
         yield k
     finally:
-        k.stop()
+        if k is not None:
+            k.stop()
 
 
 @pytest.fixture(scope="session")
 def airflow():
     """Airflow with the e2e DAG building blocks and this stage's DAGs, reachable from pods."""
-    dags = WORK / "dags"
-    dags.mkdir(parents=True, exist_ok=True)
-    e2e_dags = ROOT / "tests" / "e2e" / "dags"
-    for name in ("astro_e2e_tasks.py", ".airflowignore"):
-        shutil.copy(e2e_dags / name, dags / name)
-    for dag in (HERE / "dags").glob("*.py"):
-        shutil.copy(dag, dags / dag.name)
-    stack = AirflowStack(dags_folder=dags, host=ADDRESS)
+    if STATE:
+        yield _attached().airflow
+        return
+    stack = None
     try:
-        stack.start()
-        print(f"\nAirflow up in {stack.timings['total']:.1f}s at {stack.api_base}")
+        stack = stage.start_airflow(WORK)
         yield stack
     finally:
-        stack.stop()
+        if stack is not None:
+            stack.stop()
 
 
 @pytest.fixture(scope="session")
@@ -156,7 +191,7 @@ def release_factory(control_plane, keda):
     made: list[HelmRelease] = []
 
     def make(name: str, namespace: str) -> HelmRelease:
-        release = HelmRelease(Path(os.environ["ASTRO_HELM"]), control_plane.kubeconfig, name, namespace, WORK / "helm")
+        release = HelmRelease(control_plane.kubeconfig, name, namespace, WORK / "helm" / name)
         made.append(release)
         return release
 
@@ -170,7 +205,7 @@ def release_factory(control_plane, keda):
             print(f"uninstall {release.name}: {e}")
 
 
-def chart_values(airflow: AirflowStack, **sentinel) -> dict:
+def chart_values(airflow, **sentinel) -> dict:
     """The values every release of this stage shares: Airflow's addresses and credentials as
     a user would give them, and pods that run the agent with the test Airflow's Python."""
     from harness.airflow_stack import PASSWORD, USERNAME

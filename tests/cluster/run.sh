@@ -2,7 +2,7 @@
 # The cluster stage: the chart, the agent and the Sentinel on a real Kubernetes control plane
 # (kube-apiserver, kube-controller-manager, kube-scheduler, etcd), with KEDA's real operator and
 # metrics API server, a real Prometheus and prometheus-adapter, against a real Airflow 3.
-# Only the kubelet is stood in for (node_standin.py: pods run as processes).
+# Only the kubelet is stood in for (standin/: pods run as processes).
 #
 #   tests/cluster/run.sh [pytest args]   (default: tests/cluster; e.g. -x tests/cluster/test_install.py)
 #
@@ -54,6 +54,12 @@ chmod 0711 "$work"
 trap 'rm -rf "$work"' EXIT
 export ASTRO_CLUSTER_WORK="$work"
 
+# The scenarios run side by side in ${ASTRO_CLUSTER_PROCESSES:-2} pytest processes (pytest-xdist),
+# each in its own namespace and release, on infrastructure (control plane, Nodes, KEDA, Airflow)
+# that infra/driver.py starts once and stops at the end; 0 runs them one after another in one
+# pytest process that starts its own. Two, on two cores: with three, Airflow's api-server (one for
+# every scenario) answered the workers and the Sentinels too slowly under a loaded machine.
+export ASTRO_CLUSTER_PROCESSES="${ASTRO_CLUSTER_PROCESSES:-2}"
 unshare --net --mount --propagation private -- bash -c '
   set -euo pipefail
   ip link set lo up
@@ -62,6 +68,28 @@ unshare --net --mount --propagation private -- bash -c '
   : > "$ASTRO_CLUSTER_WORK/hosts"
   mount --bind "$ASTRO_CLUSTER_WORK/hosts" /etc/hosts
   export TMPDIR="$ASTRO_CLUSTER_WORK"
-  cd "$1"; shift
-  exec "$@"
-' cluster-stage "$root" "$tools/bin/python" -m pytest -p no:cacheprovider -v -s "${@:-tests/cluster}"
+  cd "$1"; python="$2"; shift 2
+  if [ "$ASTRO_CLUSTER_PROCESSES" -eq 0 ]; then
+    exec "$python" -m pytest "$@"
+  fi
+  export ASTRO_CLUSTER_STATE="$ASTRO_CLUSTER_WORK/shared.json"
+  log="$ASTRO_CLUSTER_WORK/logs/shared-infrastructure.log"
+  mkdir -p "$(dirname "$log")"
+  started=$SECONDS
+  # The driver prints "ready" once everything is up, and closes its stdout: EOF without it means
+  # it failed (and stopped what it had started).
+  exec 3< <(PYTHONPATH="$PWD/tests/lib:$PWD/tests/cluster" exec "$python" -m infra.driver \
+              --state "$ASTRO_CLUSTER_STATE" 2>"$log")
+  driver=$!
+  trap "kill -TERM $driver 2>/dev/null; wait $driver || true; tail -n 3 \"$log\"" EXIT
+  ready=""
+  read -r ready <&3 || true
+  exec 3<&-
+  if [ "$ready" != ready ]; then
+    echo "the shared infrastructure did not start; the end of $log:" >&2
+    tail -n 80 "$log" >&2
+    exit 1
+  fi
+  echo "shared infrastructure ready in $((SECONDS - started)) s"
+  "$python" -m pytest -n "$ASTRO_CLUSTER_PROCESSES" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
+' cluster-stage "$root" "$tools/bin/python" -p no:cacheprovider -v -rA "${@:-tests/cluster}"

@@ -12,7 +12,7 @@ from datetime import datetime
 from harness.procs import wait_for
 
 from conftest import chart_values
-from kube import condition
+from infra.kube import condition
 
 NAMESPACE = "astro-push"
 RELEASE = "push"

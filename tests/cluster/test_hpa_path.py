@@ -12,8 +12,8 @@ import pytest
 from harness.procs import wait_for
 
 from conftest import WORK, BIN, chart_values
-from hpa_stack import HpaMetricsStack
-from kube import PodRecorder, ReplicaTimeline
+from infra.hpa_stack import HpaMetricsStack
+from infra.kube import PodRecorder, ReplicaTimeline
 
 NAMESPACE = "astro-hpa"
 DEPLOYMENT = "astro-worker-hpa"
@@ -111,7 +111,7 @@ def test_default_behavior_takes_the_pool_from_1_to_10_within_a_minute(cluster, n
     values["sentinel"] = {"enabled": False}
     values["workers"] = [{
         "name": "hpa", "queues": ["cluster-hpa-fast"], "syncSlots": 1,
-        # Ten pods on the stage's two 2-CPU nodes.
+        # Ten small pods: they fit on the general Nodes beside other scenarios' pods.
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         "hpa": {"enabled": True, "minReplicaCount": 1, "maxReplicaCount": 10},
     }]

@@ -22,8 +22,8 @@ import pytest
 from harness.procs import wait_for
 
 from conftest import BIN
-from control_plane import ADDRESS
-from hpa_stack import HPA_CONTROLLER, HpaMetricsStack, KubeApi, KubeError
+from infra.control_plane import ADDRESS
+from infra.hpa_stack import HPA_CONTROLLER, HpaMetricsStack, KubeApi, KubeError
 
 RELEASE = "astro"
 METRIC = "astro_agent_client_queued_or_running_tasks"

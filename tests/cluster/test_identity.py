@@ -12,7 +12,7 @@ from kubernetes import client
 from harness.procs import wait_for
 
 from conftest import chart_values
-from kube import condition
+from infra.kube import condition
 
 NAMESPACE = "astro-bound"
 DEPLOYMENT = "astro-worker-bound"

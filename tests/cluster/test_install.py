@@ -10,7 +10,7 @@ from kubernetes.client.rest import ApiException
 from harness.procs import wait_for
 
 from conftest import chart_values
-from kube import condition
+from infra.kube import condition
 
 NAMESPACE = "astro-install"
 

@@ -23,7 +23,8 @@ import pytest
 
 from harness.procs import wait_for
 
-from keda_components import METRICS_SERVER, NAMESPACE, OPERATOR, condition, object_path
+from infra.keda_components import METRICS_SERVER, NAMESPACE, OPERATOR
+from infra.kube_api import collection_path, condition, object_path
 
 NS = "keda-components"
 NAME = "backlog-worker"
@@ -103,18 +104,9 @@ def _worker(name: str, url: str, auth_ref: dict) -> list[dict]:
     ]
 
 
-_PATHS = {
-    ("v1", "Secret"): f"/api/v1/namespaces/{NS}/secrets",
-    ("keda.sh/v1alpha1", "TriggerAuthentication"): f"/apis/keda.sh/v1alpha1/namespaces/{NS}/triggerauthentications",
-    ("apps/v1", "Deployment"): f"/apis/apps/v1/namespaces/{NS}/deployments",
-    ("keda.sh/v1alpha1", "ScaledObject"): f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects",
-    ("v1", "Namespace"): "/api/v1/namespaces",
-}
-
-
 def _create(keda, *objects: dict) -> None:
     for obj in objects:
-        keda.api.call("POST", _PATHS[(obj["apiVersion"], obj["kind"])], obj)
+        keda.api.call("POST", collection_path(obj["apiVersion"], obj["kind"], NS), obj)
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ from harness.chromium import Chromium
 from harness.procs import wait_for
 from harness.sentinel_page import by_id, card, loaded_range, save, sign_in, until
 
-from conftest import chart_values
-from kube import PodRecorder, ReplicaTimeline, condition
+from conftest import chart_values, dedicated_nodes
+from infra.kube import PodRecorder, ReplicaTimeline, condition
 
 NAMESPACE = "astro-scaling"
 RELEASE = "scaling"
@@ -44,7 +44,8 @@ GRACE_SECONDS = 90
 @pytest.fixture(scope="module")
 def scaling(cluster, nodes, keda, airflow, release_factory):
     """One release with two KEDA pools at 0: `burst` (syncSlots 2, max 4, small pods) and `big`
-    (syncSlots 3, max 4, pods that need 1.5 CPUs: one fits on a 2-CPU node)."""
+    (syncSlots 3, max 4, pods that need 1.5 CPUs: one fits on a 2-CPU node; on the namespace's own
+    two Nodes, so that what other scenarios run at the same time does not change what fits)."""
     release = release_factory(RELEASE, NAMESPACE)
     keda_common = {
         "enabled": True, "minReplicaCount": 0, "maxReplicaCount": 4,
@@ -61,7 +62,8 @@ def scaling(cluster, nodes, keda, airflow, release_factory):
         {"name": "burst", "queues": ["cluster-burst"], "syncSlots": 2,
          "terminationGracePeriodSeconds": GRACE_SECONDS, "drainMarginSeconds": 10, "keda": keda_common},
         {"name": "big", "queues": ["cluster-big"], "syncSlots": 3,
-         "resources": {"requests": {"cpu": "1500m", "memory": "512Mi"}}, "keda": keda_common},
+         "resources": {"requests": {"cpu": "1500m", "memory": "512Mi"}}, "keda": keda_common,
+         **dedicated_nodes(NAMESPACE)},
     ]
     release.install(values)
     token = cluster.secret_value(NAMESPACE, "astro-keda-sentinel-token", "token")

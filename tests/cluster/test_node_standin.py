@@ -1,4 +1,4 @@
-"""Fast checks of the kubelet stand-in (node_standin.py) against the real control plane, on the
+"""Fast checks of the kubelet stand-in (standin/) against the real control plane, on the
 kubelet rules the other scenarios rely on: a container's environment and volumes, readiness,
 restarts, and graceful deletion (SIGTERM, the grace period, SIGKILL, the final DELETE).
 
@@ -24,7 +24,7 @@ import pytest
 
 from harness.procs import Daemon, wait_for
 
-from node_standin import ApiError, KubeApi, container_log_path, lifecycle_log_path
+from standin import ApiError, KubeApi, container_log_path, lifecycle_log_path
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,14 +68,34 @@ while True:
     time.sleep(1)
 """
 
+# A container that logs every request: GET /die makes its liveness probe fail (/tmp/dead), GET
+# /prestop (its preStop hook) clears that, so that the run after a restart is live again.
+HOOKED = """
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        print("GET", self.path, flush=True)
+        if self.path == "/die":
+            open("/tmp/dead", "w").close()
+        elif self.path == "/prestop" and os.path.exists("/tmp/dead"):
+            os.remove("/tmp/dead")
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print("serving", flush=True)
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"""
+SLEEPER = "import time; print('up', flush=True); time.sleep(3600)"
+
 
 @pytest.fixture(scope="module")
 def standin(control_plane):
     """The stand-in running one tainted Node; stopped (and its Node deleted) at the end."""
-    args = [sys.executable, str(HERE / "node_standin.py"), "--kubeconfig", str(control_plane.kubeconfig),
+    args = [sys.executable, "-m", "standin", "--kubeconfig", str(control_plane.kubeconfig),
             "--workdir", str(WORK), "--node", f"{NODE}:cpu=1,memory=2Gi,pods=10", "--pod-cidr-base", "10.250",
             "--register-with-taints", TAINT, "--image", f"python={sys.executable}", "--shutdown-grace", "3"]
-    daemon = Daemon("node-standin-test", args, dict(os.environ) | {CANARY: "leaked"}, WORK / "standin.log").start()
+    daemon = Daemon("node-standin-test", args, dict(os.environ) | {CANARY: "leaked", "PYTHONPATH": str(HERE)}, WORK / "standin.log").start()
     api = KubeApi(control_plane.kubeconfig)
 
     def ready() -> bool:
@@ -290,3 +310,57 @@ def test_crash_loop_back_off_and_unknown_image(standin, namespace):
     assert other["state"]["waiting"]["reason"] in ("ErrImagePull", "ImagePullBackOff")
     assert '"unknown"' in other["state"]["waiting"]["message"]
     assert pod["status"]["phase"] == "Pending" and condition(pod, "Ready") == "False"
+
+
+def test_probes_and_lifecycle_hooks(standin, namespace):
+    """Every handler kind the stand-in claims, in the places it runs them: exec (startup and
+    liveness probes, postStart and preStop hooks), tcpSocket (readiness), httpGet (preStop; the
+    readiness probe of test_environment_volumes_and_readiness) and sleep (preStop)."""
+    api = standin
+    create_pod(api, namespace, "hooked", [
+        {"name": "main", "command": ["python", "-c", HOOKED], "ports": [{"name": "http", "containerPort": 8080}],
+         # Started once postStart has written /tmp/started: the startup probe reads it.
+         "startupProbe": {"exec": {"command": ["cat", "/tmp/started"]}, "periodSeconds": 1, "failureThreshold": 30},
+         "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 1},
+         "livenessProbe": {"exec": {"command": ["test", "!", "-e", "/tmp/dead"]}, "periodSeconds": 1, "failureThreshold": 1},
+         "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "echo hooked > /tmp/started"]}},
+                       "preStop": {"httpGet": {"path": "/prestop", "port": "http"}}},
+         "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}]},
+        {"name": "side", "command": ["python", "-c", SLEEPER],
+         "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo leaving"]}}}},
+        {"name": "napper", "command": ["python", "-c", SLEEPER],
+         "lifecycle": {"preStop": {"sleep": {"seconds": 1}}}}],
+        volumes=[{"name": "scratch", "emptyDir": {}}], terminationGracePeriodSeconds=10)
+
+    def ready(restarts: int):
+        def check():
+            pod = get_pod(api, namespace, "hooked")
+            main = container_state(pod, "main")
+            return pod if condition(pod, "Ready") == "True" and main.get("restartCount") == restarts else None
+        return check
+
+    pod = wait_for(ready(0), 30, "the startup (exec) and readiness (tcpSocket) probes to make the Pod Ready")
+    uid, ip = pod["metadata"]["uid"], pod["status"]["podIP"]
+    steps = lifecycle_log_path(WORK, namespace, "hooked", uid)
+    assert "container main: startup probe succeeded" in steps.read_text()
+
+    # The liveness probe (exec) fails once /tmp/dead exists: the container is restarted, after its
+    # preStop hook (httpGet, which removes it), and is started and Ready again.
+    with urllib.request.urlopen(f"http://{ip}:8080/die", timeout=5):
+        pass
+    wait_for(ready(1), 60, "the liveness probe's restart, and the Pod Ready again",
+             on_timeout=lambda: f"{steps.read_text()}\n{json.dumps(get_pod(api, namespace, 'hooked')['status'])}")
+    assert "Container main failed liveness probe, will be restarted" in steps.read_text()
+    log = container_log_path(WORK, namespace, "hooked", "main", uid)
+    assert log.read_text().count("GET /prestop") == 1
+
+    recorder, took = delete_and_record(api, namespace, "hooked")
+    assert took < 10, f"deletion took {took:.1f}s"
+    text = steps.read_text()
+    assert "container side: preStop hook done" in text, text
+    assert "container napper: preStop hook done after 1." in text, text
+    assert "container main: preStop hook done" in text, text
+    assert log.read_text().count("GET /prestop") == 2
+    unhealthy = [e for e in api.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+                 if e["reason"] == "Unhealthy" and e["involvedObject"]["name"] == "hooked"]
+    assert any(e["message"].startswith("Liveness probe failed") for e in unhealthy), unhealthy

@@ -7,7 +7,7 @@ these alerts must not need the workers' series, which vanish with a pool's last 
    acting) gets tasks. AstroAgentPoolStuckAtZero fires, and AstroAgentTasksQueuedTooLong once
    the oldest task has waited over the limit; once the pause is lifted, KEDA wakes the pool, both
    alerts resolve and the tasks run.
-2. No room: a pool whose pods need 1.5 CPUs (one per 2-CPU node) is driven to its maximum of 4;
+2. No room: a pool whose pods need 1.5 CPUs (one per 2-CPU node; the namespace's own two) is driven to its maximum of 4;
    two pods stay unschedulable and AstroAgentPodsUnschedulable fires for it, with their count, and
    AstroAgentPoolAtMaximum, since tasks stay queued while the pool is at its maximum.
 """
@@ -23,8 +23,8 @@ import pytest
 from harness.procs import wait_for
 from harness.prometheus_server import PrometheusServer
 
-from conftest import chart_values
-from hpa_stack import render_chart
+from conftest import chart_values, dedicated_nodes
+from infra.helm_release import render_chart
 
 NAMESPACE = "astro-alerts"
 RELEASE = "alerts"
@@ -44,7 +44,7 @@ def _values(airflow, paused: bool) -> dict:
          "keda": {**keda, "maxReplicaCount": 2, "annotations": PAUSED if paused else {}}},
         {"name": "big", "queues": ["cluster-alerts-big"], "syncSlots": 3,
          "resources": {"requests": {"cpu": "1500m", "memory": "512Mi"}},
-         "keda": {**keda, "maxReplicaCount": 4}},
+         "keda": {**keda, "maxReplicaCount": 4}, **dedicated_nodes(NAMESPACE)},
     ]
     return values
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from harness.procs import wait_for
 
 from conftest import chart_values
-from kube import PodRecorder
+from infra.kube import PodRecorder
 
 NAMESPACE = "astro-idle"
 DEPLOYMENT = "astro-worker-idle"

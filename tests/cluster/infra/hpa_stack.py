@@ -30,14 +30,10 @@ The API server needs its aggregation layer configured (front-proxy CA and client
 from __future__ import annotations
 
 import base64
-import json
 import os
 import socket
 import ssl
-import subprocess
 import sys
-import urllib.error
-import urllib.parse
 import urllib.request
 from decimal import Decimal
 from pathlib import Path
@@ -49,115 +45,20 @@ from harness import certs
 from harness.procs import Daemon, StartupError, starting, wait_for
 from harness.prometheus_server import PrometheusServer
 
-_TESTS = Path(__file__).resolve().parents[1]
+from infra.helm_release import render_chart
+from infra.kube_api import KubeApi, KubeError, write_kubeconfig  # noqa: F401  (KubeError: for the tests)
 
-CHART = _TESTS.parent / "charts" / "astro-agent"
+_TESTS = Path(__file__).resolve().parents[2]
+
 # The chart's HPA scenario: workers with `hpa`, the worker ServiceMonitor and the adapter rules.
 DEFAULT_VALUES = (_TESTS / "chart" / "values" / "hpa.yaml",)
 MONITORING = "monitoring"
 ADAPTER = "prometheus-adapter"
 PROMETHEUS = "prometheus"
 CUSTOM_METRICS_API = "/apis/custom.metrics.k8s.io/v1beta1"
-FIELD_MANAGER = "astro-cluster-tests"
 # The service account the HPA controller acts as when kube-controller-manager runs with
 # --use-service-account-credentials (as kubeadm clusters do).
 HPA_CONTROLLER = ("kube-system", "horizontal-pod-autoscaler")
-
-
-# ---- a small Kubernetes API client ---------------------------------------------------------
-
-class KubeError(RuntimeError):
-    def __init__(self, method: str, path: str, status: int, body: str):
-        self.status = status
-        self.body = body
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:1500]}")
-
-
-# (apiVersion, kind) -> (API prefix, resource, namespaced): the kinds this module writes.
-_RESOURCES = {
-    ("v1", "Namespace"): ("/api/v1", "namespaces", False),
-    ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts", True),
-    ("v1", "Service"): ("/api/v1", "services", True),
-    ("v1", "Endpoints"): ("/api/v1", "endpoints", True),
-    ("v1", "Pod"): ("/api/v1", "pods", True),
-    ("v1", "ConfigMap"): ("/api/v1", "configmaps", True),
-    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments", True),
-    ("autoscaling/v2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2", "horizontalpodautoscalers", True),
-    ("discovery.k8s.io/v1", "EndpointSlice"): ("/apis/discovery.k8s.io/v1", "endpointslices", True),
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-    ("apiregistration.k8s.io/v1", "APIService"): ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
-}
-
-
-def object_path(obj: dict) -> str:
-    """The API path of ``obj`` (one of the kinds in ``_RESOURCES``)."""
-    prefix, resource, namespaced = _RESOURCES[(obj["apiVersion"], obj["kind"])]
-    meta = obj["metadata"]
-    if namespaced:
-        return f"{prefix}/namespaces/{meta['namespace']}/{resource}/{meta['name']}"
-    return f"{prefix}/{resource}/{meta['name']}"
-
-
-class KubeApi:
-    """Bearer-token HTTPS calls to the API server (standard library only)."""
-
-    def __init__(self, server: str, token: str, ca_file: Path | str):
-        self.server = server.rstrip("/")
-        self.token = token
-        self.context = ssl.create_default_context(cafile=str(ca_file))
-
-    def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                headers: dict[str, str] | None = None, timeout: float = 30.0) -> Any:
-        """The decoded JSON answer; :class:`KubeError` for any status >= 400."""
-        data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        request = urllib.request.Request(self.server + path, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Accept", "application/json")
-        if data is not None:
-            request.add_header("Content-Type", content_type)
-        for key, value in (headers or {}).items():
-            request.add_header(key, value)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
-                text = response.read().decode()
-        except urllib.error.HTTPError as e:
-            raise KubeError(method, path, e.code, e.read().decode("utf-8", "replace")) from None
-        return json.loads(text) if text else None
-
-    def get(self, path: str, **kwargs: Any) -> Any:
-        """GET ``path``; None if it is not found."""
-        try:
-            return self.request("GET", path, **kwargs)
-        except KubeError as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def apply(self, obj: dict) -> dict:
-        """Server-side apply (create or update, idempotent): a second start of the stack on the
-        same cluster takes the objects over instead of failing on conflicts."""
-        query = urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"})
-        return self.request("PATCH", f"{object_path(obj)}?{query}", obj, content_type="application/apply-patch+yaml")
-
-    def delete(self, obj_or_path: dict | str) -> None:
-        """Delete an object; an absent one is fine."""
-        path = obj_or_path if isinstance(obj_or_path, str) else object_path(obj_or_path)
-        try:
-            self.request("DELETE", path)
-        except KubeError as e:
-            if e.status != 404:
-                raise
-
-    def service_account_token(self, namespace: str, name: str, seconds: int = 24 * 3600) -> str:
-        """A bound token for a service account (TokenRequest), as a kubelet would mount one."""
-        answer = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": seconds},
-        })
-        return answer["status"]["token"]
 
 
 # ---- the chart's ServiceMonitor as prometheus-operator would configure Prometheus -----------
@@ -289,27 +190,6 @@ def _free_port(address: str) -> int:
         return s.getsockname()[1]
 
 
-def helm_binary() -> str:
-    """The pinned helm: $ASTRO_HELM, else built (once) by tests/chart/helm.sh."""
-    if os.environ.get("ASTRO_HELM"):
-        return os.environ["ASTRO_HELM"]
-    out = subprocess.run(["bash", str(_TESTS / "chart" / "helm.sh")], check=True, stdout=subprocess.PIPE, text=True)
-    return out.stdout.strip().splitlines()[-1]
-
-
-def render_chart(release: str, namespace: str, values_files: Iterable[Path | str], sets: Iterable[str] = ()) -> list[dict]:
-    """``helm template`` of the chart: the rendered objects."""
-    argv = [helm_binary(), "template", release, str(CHART), "--namespace", namespace]
-    for f in values_files:
-        argv += ["-f", str(f)]
-    for s in sets:
-        argv += ["--set", s]
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"helm template failed:\n{proc.stderr}")
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
 # ---- the stack --------------------------------------------------------------------------------
 
 class HpaMetricsStack:
@@ -434,7 +314,7 @@ class HpaMetricsStack:
         path = f"{CUSTOM_METRICS_API}/namespaces/{namespace}/deployments.apps/{deployment}/{metric}"
         headers = {"Impersonate-User": as_user} if as_user else None
         try:
-            answer = self.api.request("GET", path, headers=headers)
+            answer = self.api.call("GET", path, headers=headers)
         except KubeError as e:
             if e.status == 404:
                 return None
@@ -545,7 +425,7 @@ class HpaMetricsStack:
 
     def _start_prometheus(self, timeout: float) -> None:
         token_file = self.workdir / "prometheus.token"
-        token_file.write_text(self.api.service_account_token(MONITORING, PROMETHEUS))
+        token_file.write_text(self.api.create_token(MONITORING, PROMETHEUS))
         token_file.chmod(0o600)
         scrape_configs = [
             config
@@ -566,18 +446,6 @@ class HpaMetricsStack:
         self.prometheus = PrometheusServer(config, folder=self.workdir / "prometheus", bin_dir=self.bin_dir)
         self.prometheus.start(timeout=timeout)
 
-    def _write_kubeconfig(self, path: Path, token: str) -> Path:
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "cluster", "cluster": {"server": self.control_plane.server,
-                                                         "certificate-authority": str(self.control_plane.ca_file)}}],
-            "users": [{"name": ADAPTER, "user": {"token": token}}],
-            "contexts": [{"name": "default", "context": {"cluster": "cluster", "user": ADAPTER}}],
-            "current-context": "default",
-        }))
-        path.chmod(0o600)
-        return path
-
     def _start_adapter(self, timeout: float) -> None:
         pki = self.workdir / "adapter-pki"
         # The aggregator checks the serving certificate against the Service's DNS name and the
@@ -587,8 +455,8 @@ class HpaMetricsStack:
             self.adapter_ca, pki, "serving", ADAPTER, ips=(self.address,),
             dns=(f"{ADAPTER}.{MONITORING}.svc", f"{ADAPTER}.{MONITORING}.svc.cluster.local"),
         )
-        kubeconfig = self._write_kubeconfig(self.workdir / "adapter.kubeconfig",
-                                            self.api.service_account_token(MONITORING, ADAPTER))
+        kubeconfig = write_kubeconfig(self.workdir / "adapter.kubeconfig", self.control_plane.server,
+                                      self.control_plane.ca_file, ADAPTER, self.api.create_token(MONITORING, ADAPTER))
         self.adapter_port = _free_port(self.address)
         self.adapter_url = f"https://{self.address}:{self.adapter_port}"
         argv = [
@@ -659,7 +527,7 @@ class HpaMetricsStack:
         def available() -> bool:
             self.adapter.check_alive()
             try:
-                answer = self.api.request("GET", CUSTOM_METRICS_API)
+                answer = self.api.call("GET", CUSTOM_METRICS_API)
             except KubeError as e:
                 if e.status in (404, 503):  # not yet discovered / not yet Available
                     return False

@@ -1,4 +1,5 @@
-"""One Helm release of charts/astro-agent in the test cluster, driven by the real helm binary."""
+"""The cluster tests' helm: ``helm template`` of charts/astro-agent (:func:`render_chart`) and one
+release of it in the test cluster (:class:`HelmRelease`), with the pinned helm binary."""
 
 from __future__ import annotations
 
@@ -6,9 +7,33 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "astro-agent"
+TESTS = Path(__file__).resolve().parents[2]
+CHART = TESTS.parent / "charts" / "astro-agent"
+
+
+def helm_binary() -> str:
+    """The pinned helm: $ASTRO_HELM, else built (once) by tests/chart/helm.sh."""
+    if os.environ.get("ASTRO_HELM"):
+        return os.environ["ASTRO_HELM"]
+    out = subprocess.run(["bash", str(TESTS / "chart" / "helm.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def render_chart(release: str, namespace: str, values_files: Iterable[Path | str], sets: Iterable[str] = ()) -> list[dict]:
+    """``helm template`` of the chart: the rendered objects."""
+    import yaml
+
+    argv = [helm_binary(), "template", release, str(CHART), "--namespace", namespace]
+    for f in values_files:
+        argv += ["-f", str(f)]
+    for s in sets:
+        argv += ["--set", s]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"helm template failed:\n{proc.stderr}")
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
 class HelmRelease:
@@ -18,8 +43,8 @@ class HelmRelease:
     test states exactly what a user's values file would say.
     """
 
-    def __init__(self, helm: Path, kubeconfig: Path, name: str, namespace: str, workdir: Path):
-        self.helm = Path(helm)
+    def __init__(self, kubeconfig: Path, name: str, namespace: str, workdir: Path, helm: Path | None = None):
+        self.helm = Path(helm or helm_binary())
         self.kubeconfig = Path(kubeconfig)
         self.name = name
         self.namespace = namespace

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from node_standin import Informer, KubeApi, Obj
+from standin import Informer, KubeApi, Obj
 
 log = logging.getLogger("service-hosts")
 

@@ -44,8 +44,6 @@ import secrets
 import socket
 import ssl
 import time
-import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +53,8 @@ import yaml
 
 from harness.procs import Daemon, StartupError, free_port, starting, wait_for
 
+from infra.kube_api import KubeApi, condition, object_path, write_kubeconfig  # noqa: F401  (condition: for the tests)
+
 ADDRESS = "10.200.0.1"
 NAMESPACE = "keda"
 OPERATOR = "keda-operator"  # Deployment, ServiceAccount and Service of the operator
@@ -62,108 +62,9 @@ METRICS_SERVER = "keda-metrics-apiserver"  # Deployment and Service of the metri
 CERT_SECRET = "kedaorg-certs"
 API_SERVICE = "v1beta1.external.metrics.k8s.io"
 CLUSTER_DOMAIN = "cluster.local"
-FIELD_MANAGER = "keda-install"
 # KEDA's configuration folders a release install applies (config/default/kustomization.yaml),
 # without ../webhooks: the admission webhooks are not run here.
 INSTALL_PARTS = ("crd", "general", "rbac", "manager", "metrics-server", "service_account")
-
-
-class ApiError(RuntimeError):
-    def __init__(self, method: str, path: str, status: int, body: str):
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:2000]}")
-        self.status = status
-
-
-class Api:
-    """The few Kubernetes API calls an install needs, over HTTPS with a bearer token."""
-
-    def __init__(self, server: str, ca_file: Path | str, token: str):
-        self.server = server.rstrip("/")
-        self.token = token
-        self.context = ssl.create_default_context(cafile=str(ca_file))
-
-    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                token: str | None = None, timeout: float = 30) -> tuple[int, Any]:
-        """Status and decoded JSON body (raw text if not JSON); never raises on HTTP errors."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Authorization": f"Bearer {token or self.token}", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = content_type
-        req = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout, context=self.context) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        text = raw.decode("utf-8", "replace")
-        try:
-            return status, json.loads(text)
-        except ValueError:
-            return status, text
-
-    def call(self, method: str, path: str, body: Any = None, ok: Iterable[int] = (200, 201), **kw) -> Any:
-        status, data = self.request(method, path, body, **kw)
-        if status not in ok:
-            raise ApiError(method, path, status, data if isinstance(data, str) else json.dumps(data))
-        return data
-
-    def get(self, path: str) -> Any | None:
-        """The object at ``path``, or None if it does not exist."""
-        status, data = self.request("GET", path)
-        if status == 404:
-            return None
-        if status != 200:
-            raise ApiError("GET", path, status, json.dumps(data) if not isinstance(data, str) else data)
-        return data
-
-    def apply(self, obj: dict, field_manager: str = FIELD_MANAGER) -> dict:
-        """Server-side apply (as ``kubectl apply --server-side --force-conflicts``): KEDA's CRDs
-        are too large for the annotation client-side apply keeps."""
-        query = urllib.parse.urlencode({"fieldManager": field_manager, "force": "true"})
-        return self.call("PATCH", f"{object_path(obj)}?{query}", obj, content_type="application/apply-patch+yaml")
-
-    def create_token(self, namespace: str, service_account: str, seconds: int = 86400) -> str:
-        """A TokenRequest token for a ServiceAccount, as the kubelet mounts one into a pod."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                "spec": {"expirationSeconds": seconds}}
-        data = self.call("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token", body)
-        return data["status"]["token"]
-
-
-# (apiVersion, kind) -> (resource, namespaced) for the kinds an install applies.
-_RESOURCES = {
-    ("v1", "Namespace"): ("namespaces", False),
-    ("v1", "ServiceAccount"): ("serviceaccounts", True),
-    ("v1", "Service"): ("services", True),
-    ("v1", "Secret"): ("secrets", True),
-    ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True),
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
-    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
-    ("apiregistration.k8s.io/v1", "APIService"): ("apiservices", False),
-}
-
-
-def object_path(obj: dict) -> str:
-    api_version, kind = obj["apiVersion"], obj["kind"]
-    try:
-        resource, namespaced = _RESOURCES[(api_version, kind)]
-    except KeyError:
-        raise ValueError(f"no API path known for {api_version} {kind}") from None
-    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    meta = obj["metadata"]
-    ns = f"/namespaces/{meta['namespace']}" if namespaced else ""
-    return f"{prefix}{ns}/{resource}/{meta['name']}"
-
-
-def condition(obj: dict | None, kind: str) -> str | None:
-    """``status`` of the condition ``kind`` in ``obj['status']['conditions']``, else None."""
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return c.get("status")
-    return None
 
 
 # ---- KEDA's config/ folder: a small kustomize ---------------------------------------------
@@ -274,7 +175,7 @@ class Keda:
         self.address = address
         self.token_audiences = [dict(e) for e in token_audiences]
         self.http_timeout_ms = http_timeout_ms
-        self.api = Api(control_plane.server, control_plane.ca_file, control_plane.token)
+        self.api = KubeApi(control_plane.server, control_plane.token, control_plane.ca_file)
         self.cert_dir = self.workdir / "certs"  # the Secret volume both pods mount at /certs
         self.kubeconfig = self.workdir / "keda-operator.kubeconfig"
         self.logs = self.workdir / "logs"
@@ -284,6 +185,8 @@ class Keda:
         self.operator: Daemon | None = None
         self.metrics_server: Daemon | None = None
         self._daemons: list[Daemon] = []
+        self.attached = False
+        self._running_audiences: list[dict] = []
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -315,9 +218,30 @@ class Keda:
         for daemon in reversed(self._daemons):
             daemon.stop(timeout=15)
 
+    @classmethod
+    def attach(cls, workdir: Path, bin_dir: Path, control_plane: Any, address: str, token_audiences: Iterable[dict],
+               http_timeout_ms: int, ports: Ports, crd_names: list[str]) -> "Keda":
+        """The KEDA another process started (and stops) with these arguments: its API, ports and
+        logs, without its processes."""
+        keda = cls(workdir, bin_dir, control_plane, address, token_audiences, http_timeout_ms)
+        keda.ports, keda.crd_names, keda.attached = ports, list(crd_names), True
+        keda.operator = Daemon(OPERATOR, [], {}, keda.logs / f"{OPERATOR}.log")
+        keda.metrics_server = Daemon(METRICS_SERVER, [], {}, keda.logs / f"{METRICS_SERVER}.log")
+        keda._daemons = [keda.operator, keda.metrics_server]
+        keda._running_audiences = list(keda.token_audiences)
+        return keda
+
     def set_token_audiences(self, entries: Iterable[dict], timeout: float = 120.0) -> None:
-        """Replace ``KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`` and restart the operator with it."""
+        """Replace ``KEDA_SERVICE_ACCOUNT_TOKEN_AUDIENCES`` and restart the operator with it,
+        unless the operator already runs with every entry: then nothing changes for it (the
+        entries it has besides are other accounts'), and nothing is restarted under scenarios
+        that run at the same time."""
         self.token_audiences = [dict(e) for e in entries]
+        if all(e in self._running_audiences for e in self.token_audiences):
+            return
+        if self.attached:
+            raise RuntimeError(f"KEDA runs in another process with {self._running_audiences}: it cannot be "
+                               f"restarted from here for {self.token_audiences}")
         if self.operator is not None:
             self.operator.stop(timeout=15)
             self._start_operator(timeout)
@@ -409,17 +333,8 @@ class Keda:
     def _write_kubeconfig(self) -> None:
         # The operator's pod runs as the keda-operator ServiceAccount; so does the metrics
         # server in the release manifest (config/metrics-server/deployment.yaml).
-        token = self.api.create_token(NAMESPACE, OPERATOR)
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: cluster\n  cluster:\n    server: {self.control_plane.server}\n"
-            f"    certificate-authority: {self.control_plane.ca_file}\n"
-            f"users:\n- name: {OPERATOR}\n  user:\n    token: {token}\n"
-            f"contexts:\n- name: keda\n  context:\n    cluster: cluster\n    user: {OPERATOR}\n"
-            f"    namespace: {NAMESPACE}\n"
-            "current-context: keda\n"
-        )
-        self.kubeconfig.chmod(0o600)
+        write_kubeconfig(self.kubeconfig, self.control_plane.server, self.control_plane.ca_file, OPERATOR,
+                         self.api.create_token(NAMESPACE, OPERATOR), namespace=NAMESPACE)
 
     # ---- processes -------------------------------------------------------------------
 
@@ -497,6 +412,7 @@ class Keda:
 
     def _start_operator(self, timeout: float) -> None:
         self.operator = self._daemon(OPERATOR, self._operator_argv(), self._operator_env())
+        self._running_audiences = list(self.token_audiences)
         probe = f"http://127.0.0.1:{self.ports.operator_probe}/readyz"
 
         def ready() -> bool:
@@ -568,7 +484,7 @@ class Keda:
 def _keda_version() -> str:
     """KEDA's version without the v (2.21.0), as its release manifests label objects: the pin
     the build used (tests/chart/pins.env)."""
-    pins = Path(__file__).resolve().parents[1] / "chart" / "pins.env"
+    pins = Path(__file__).resolve().parents[2] / "chart" / "pins.env"
     for line in pins.read_text().splitlines():
         if line.startswith("KEDA_VERSION="):
             return line.split("=", 1)[1].strip().removeprefix("v")

@@ -15,16 +15,15 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from infra.kube_api import KubeApi, condition  # noqa: F401  (condition: for the scenarios)
 
-class Cluster:
-    """Typed API handles with the admin identity, and a few reads the scenarios share."""
+
+class Cluster(KubeApi):
+    """Typed API handles with the admin identity (and :class:`KubeApi`'s plain calls on the same
+    connection), and a few reads the scenarios share."""
 
     def __init__(self, server: str, ca_file: str, token: str):
-        config = client.Configuration()
-        config.host = server
-        config.ssl_ca_cert = ca_file
-        config.api_key = {"authorization": f"Bearer {token}"}
-        self.api = client.ApiClient(config)
+        super().__init__(server, token, ca_file)
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -51,14 +50,6 @@ class Cluster:
 
         secret = self.core.read_namespaced_secret(name, namespace)
         return base64.b64decode(secret.data[key]).decode()
-
-
-def condition(obj: dict, kind: str) -> str | None:
-    """``status`` of the condition ``kind`` of a custom object (dict form), else None."""
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return c.get("status")
-    return None
 
 
 # ---- pods' life stories ----------------------------------------------------------------

@@ -11,7 +11,7 @@ tokens signed by the API server, the front proxy the aggregation layer authentic
 controllers running with one service-account identity each (so the HPA controller needs the
 same RBAC to read external and custom metrics as in a real cluster), and a scheduler. What it
 leaves out: kube-proxy and cluster DNS (see ``service_hosts.py``), and the kubelet (see
-``node_standin.py``). Clients authenticate with a static admin token (system:masters).
+``standin/``). Clients authenticate with a static admin token (system:masters).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from pathlib import Path
 
 from harness import certs
 from harness.procs import Daemon, StartupError, free_port, starting, wait_for
+
+from infra.kube_api import write_kubeconfig
 
 ADDRESS = "10.200.0.1"
 API_PORT = 6443
@@ -99,15 +101,7 @@ class ControlPlane:
         (self.pki / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
 
     def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: test\n  cluster:\n    server: {self.server}\n"
-            f"    certificate-authority: {self.ca_file}\n"
-            f"users:\n- name: admin\n  user:\n    token: {self.token}\n"
-            "contexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n"
-            "current-context: test\n"
-        )
-        self.kubeconfig.chmod(0o600)
+        write_kubeconfig(self.kubeconfig, self.server, self.ca_file, "admin", self.token)
 
     def _daemon(self, name: str, argv: list[str]) -> Daemon:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir)}
