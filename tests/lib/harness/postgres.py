@@ -102,6 +102,25 @@ class PostgresCluster:
         self.psql(f"CREATE DATABASE {self.database} OWNER {self.user}")
         return self
 
+    def state(self) -> dict:
+        """What :meth:`attach` needs to reach this running cluster from another process."""
+        return {
+            "folder": str(self.folder), "user": self.user, "database": self.database, "password": self.password,
+            "port": self.port, "bin_dir": str(self.bin_dir),
+            "run_as": self._run_as.pw_name if self._run_as is not None else None,
+        }
+
+    @classmethod
+    def attach(cls, state: dict) -> "PostgresCluster":
+        """The cluster another process started (:meth:`state`): :meth:`psql` works, :meth:`stop`
+        does nothing (the process that started it stops it)."""
+        pg = cls(Path(state["folder"]), user=state["user"], database=state["database"])
+        pg.password = state["password"]
+        pg.port = state["port"]
+        pg.bin_dir = Path(state["bin_dir"])
+        pg._run_as = pwd.getpwnam(state["run_as"]) if state["run_as"] else None
+        return pg
+
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run one SQL statement as the superuser over the unix socket; return stdout."""
         return self._pg(
