@@ -14,6 +14,10 @@ Fixtures:
   once per session, stopped at the end (also on failure or Ctrl-C). Addresses,
   secrets and worker environments are attributes/methods of it; ``airflow.client``
   is a logged-in :class:`harness.airflow_client.AirflowClient`.
+* ``own_airflow`` (session): a stack no other test uses while this one runs, for tests that
+  stop Airflow's daemons or its database, or fill its tables (see "Side by side" below). A
+  module overrides ``airflow`` with it so that ``trigger_dag`` and ``python_edge_worker``
+  use it too.
 * ``trigger_dag``: ``trigger_dag(dag_id) -> run_id`` waits for the DAG to be parsed,
   unpauses it and starts a run with a unique run id. Runs this test started that
   are still unfinished when it ends are abandoned (:meth:`AirflowStack.abandon_run`:
@@ -22,6 +26,26 @@ Fixtures:
 * ``python_edge_worker``: ``python_edge_worker(name=..., queues=[...], concurrency=N)``
   starts the real Python ``airflow edge worker``; every worker started is stopped
   when the test ends.
+
+Side by side (pytest-xdist, ``-n N --dist loadgroup`` as tests/run.sh runs this stage): the
+controlling pytest process starts the one stack before its first worker starts, hands every
+worker the stack's coordinates and secrets through xdist's worker input (never the
+environment: test_secrets searches the agents' environments for the JWT secret), and stops it
+by PID after the last worker has finished; the workers attach to it
+(:meth:`AirflowStack.attach`). Without xdist (``pytest tests/e2e/test_x.py``) the session
+starts its own stack as before. What tests share, and how they keep out of each other's way:
+
+* a queue: each test serves and counts only its own queue, or the tests on one queue run
+  one after another in one worker: ``pytest.mark.xdist_group("queue-default")`` (the DAGs on
+  queue ``default``, Airflow's counts of that whole queue, agents serving all of it) and
+  ``"queue-sentinel"`` (exact counts on queue ``sentinel``); a module whose module-scoped
+  fixture starts processes for several tests is one group too, so that it starts them once;
+* worker names, ports and temp folders are per test (names are unique across the stage);
+* a test that stops the api-server or PostgreSQL (test_sentinel), or fills task_instance with
+  10 000 queued rows that take every pool slot (test_sentinel_cost), gets ``own_airflow``:
+  under xdist a second stack of its own, started when the first such test needs it and
+  stopped after the last (they are one group, ``"own-airflow"``); without xdist, the
+  session's stack as before.
 
 Environment: ``ASTRO_E2E_KEEP=1`` keeps the stack's temp folder (daemon logs,
 task logs) after the session.
@@ -32,7 +56,9 @@ serve, and not rely on what earlier tests left behind.
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 
 import pytest
 
@@ -40,27 +66,122 @@ from harness.airflow_client import AirflowClient
 from harness.airflow_stack import AirflowStack
 from harness.python_edge_worker import PythonEdgeWorker
 
+#: xdist worker-input key of the shared stack's :meth:`AirflowStack.state`.
+STACK_STATE = "astro_e2e_airflow_stack"
+
 
 def pytest_configure(config):
-    # SIGTERM (e.g. a CI timeout) should tear the stack down like Ctrl-C does.
+    # SIGTERM (e.g. a CI timeout) should tear the stack down like Ctrl-C does. Under xdist the
+    # controlling process passes it on to the workers and waits for them to tear their own
+    # processes down (xdist kills a worker that is not gone 10 s after the session ends).
     def _raise_interrupt(signum, frame):
+        _stop_workers(config)
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
+# ---- the one stack the xdist workers share ------------------------------------------------
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist, in the controlling process, before each worker starts: hand it the shared stack
+    (started on the first call)."""
+    config = node.config
+    if not hasattr(config, "_astro_e2e_stack"):
+        config._astro_e2e_stack = _start_shared_stack(config)
+        config._astro_e2e_workers = []
+    stack = config._astro_e2e_stack
+    node.workerinput[STACK_STATE] = stack if isinstance(stack, dict) else stack.state()
+    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
+    if popen is not None:
+        config._astro_e2e_workers.append(popen)
+
+
+def _start_shared_stack(config) -> AirflowStack | dict:
+    """Starts the stack; returns it, or ``{"error": ...}`` for the workers to fail with."""
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    stack = AirflowStack()
+    config.add_cleanup(stack.stop)  # after the workers are gone
+    try:
+        stack.start()
+    except Exception as e:  # start() has stopped whatever it had started
+        return {"error": f"the shared Airflow stack did not start: {type(e).__name__}: {e}"}
+    if terminal is not None:
+        terminal.write_line(f"shared {_up_line(stack)}")
+    return stack
+
+
+def _stop_workers(config, timeout: float = 180.0) -> None:
+    """SIGTERM to each xdist worker this process started; wait for them to exit."""
+    workers = [w for w in getattr(config, "_astro_e2e_workers", []) if w.poll() is None]
+    for w in workers:
+        try:
+            os.kill(w.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        try:
+            w.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # TimeoutExpired: xdist kills it
+            pass
+
+
+def _up_line(stack: AirflowStack) -> str:
+    return (f"Airflow stack up in {stack.timings['total']:.1f}s: "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in stack.timings.items() if k != "total")
+            + f"; {stack.api_base}; workdir {stack.workdir}")
+
+
 @pytest.fixture(scope="session")
-def airflow():
-    """The running Airflow stack (one per pytest session)."""
+def airflow(request):
+    """The running Airflow stack: the one the xdist controller started, or (without xdist)
+    one for this session."""
+    state = getattr(request.config, "workerinput", {}).get(STACK_STATE)
+    if state is not None:
+        if "error" in state:
+            raise RuntimeError(state["error"])
+        yield AirflowStack.attach(state)
+        return
     stack = AirflowStack()
     try:
         stack.start()
-        print(f"\nAirflow stack up in {stack.timings['total']:.1f}s: "
-              + ", ".join(f"{k} {v:.1f}s" for k, v in stack.timings.items() if k != "total")
-              + f"; {stack.api_base}; workdir {stack.workdir}")
+        print("\n" + _up_line(stack))
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture(scope="session")
+def own_airflow(airflow):
+    """A stack no other test uses meanwhile: the session's when it is this process's own (no
+    xdist), else a second one, started here and stopped after the last test that uses it
+    (:func:`pytest_runtest_teardown`), or at the session's end."""
+    if not airflow.attached:
+        yield airflow
+        return
+    stack = AirflowStack()
+    _own_stacks.append(stack)
+    try:
+        stack.start()
+        print("\nown " + _up_line(stack))
+        yield stack
+    finally:
+        stack.stop()
+
+
+_own_stacks: list[AirflowStack] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stop a second stack (``own_airflow``) as soon as the next test does not need it: it
+    would take CPU from the other workers' tests for the rest of the session."""
+    if _own_stacks and (nextitem is None or "own_airflow" not in nextitem.fixturenames):
+        while _own_stacks:
+            _own_stacks.pop().stop()
 
 
 @pytest.fixture

@@ -14,6 +14,9 @@ from harness.procs import wait_for
 
 MARKER = "astro-e2e marker"
 
+# Queue `default`: its DAGs, agents that serve all of it, Airflow's counts of the whole queue.
+pytestmark = pytest.mark.xdist_group("queue-default")
+
 
 @pytest.fixture
 def astro_agent(airflow):

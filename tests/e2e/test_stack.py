@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
 import requests
 
 from harness.airflow_client import wait_counts
@@ -32,6 +33,7 @@ def test_stack_exposes_what_workers_need(airflow):
     assert leaked == []
 
 
+@pytest.mark.xdist_group("queue-default")  # waits for the whole queue's counts
 def test_queue_counts_then_python_worker_runs_everything(airflow, trigger_dag, python_edge_worker):
     client = airflow.client
     run_id = trigger_dag("e2e_short_40")
