@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness.procs import free_port, log_tail, wait_for
+from harness.procs import apt_lock, free_port, log_tail, wait_for
 
 
 def postgres_bin_dir() -> Path:
@@ -27,14 +27,18 @@ def postgres_bin_dir() -> Path:
         return found
     if os.geteuid() != 0:
         raise RuntimeError("PostgreSQL server binaries not found and not root: apt-get install postgresql")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
-        check=True,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    with apt_lock():
+        found = _find_bin_dir()
+        if found:
+            return found
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
     found = _find_bin_dir()
     if not found:
         raise RuntimeError("apt-get installed postgresql but no /usr/lib/postgresql/*/bin/initdb exists")
