@@ -74,7 +74,9 @@ fi
 
 if want e2e; then
   step "end-to-end tests against a real Airflow"
-  pytest tests/e2e
+  # Three tests at a time (mostly they wait on tasks and polls), sharing one Airflow stack;
+  # tests/e2e/conftest.py says which run one after another.
+  pytest -n 3 tests/e2e
 fi
 
 if want keda; then

@@ -51,9 +51,6 @@ DASHBOARD_FILE = CHART / "files" / "dashboards" / "astro-agent-worker.json"
 NAMESPACE = "astro-e2e"
 SENTINEL_JOB = "astro-sentinel"  # the chart's Sentinel Service carries deploymentName: <prefix>-sentinel
 
-# One worker runs the module: its scenario (Prometheus, agents, runs on qa/qb) starts once.
-pytestmark = pytest.mark.xdist_group("prometheus")
-
 
 @dataclass(frozen=True)
 class Worker:

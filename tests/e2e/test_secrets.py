@@ -41,9 +41,6 @@ def _write_secret(path: Path, value: str) -> Path:
 
 NOBODY = 65534
 
-# Queue `canary`: one agent at a time serves it, so the task searches the agent the test started.
-pytestmark = pytest.mark.xdist_group("queue-canary")
-
 
 def _as_unprivileged_user(agent: AstroAgent) -> None:
     """As root, make the agent (and so its tasks) run as nobody, owning its worker folder."""

@@ -58,8 +58,6 @@ WORKER = "astro-worker-sentinel"
 SHARED = "astro-worker-sentinel-big"  # a second Deployment on the same queue
 TOKEN = "e2e-" + secrets.token_hex(16)
 
-pytestmark = pytest.mark.xdist_group("own-airflow")
-
 
 @pytest.fixture
 def airflow(own_airflow):

@@ -17,8 +17,6 @@ from harness.procs import wait_for
 
 from test_sentinel import QUEUE, Sentinel, sentinel_bin  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.xdist_group("own-airflow")
-
 
 @pytest.fixture
 def airflow(own_airflow):

@@ -32,9 +32,6 @@ SYNC_SLOTS = 4
 WORKER = "astro-worker-slots"
 WORKERS = [{"name": WORKER, "queues": [QUEUE], "syncSlots": SYNC_SLOTS, "minReplicas": 0, "maxReplicas": 10}]
 
-# Queue `sentinel`: the counts on it must be this test's own.
-pytestmark = pytest.mark.xdist_group("queue-sentinel")
-
 
 def oldest_queued_wait(airflow) -> float:
     """Airflow's own answer: seconds since the oldest queued task instance on the queue was queued."""

@@ -44,9 +44,6 @@ from test_sentinel import QUEUE, WORKER, Sentinel, backlog_of, sentinel_bin  # n
 TLS_QUEUE = "tls"
 CERTIFICATE_ERROR = "invalid peer certificate"  # rustls' words for every rejected certificate
 
-# One worker runs the module: its TLS PostgreSQL and https api-server start once.
-pytestmark = pytest.mark.xdist_group("tls")
-
 
 def private_folder(prefix: str) -> Path:
     """A temp folder the ``postgres`` user can traverse (pytest's tmp_path is 0700 root's)."""

@@ -41,9 +41,6 @@ from harness.sentinel_page import sign_in as sign_in_with
 from test_sentinel import DAG, QUEUE, SHARED, TASKS, TOKEN, WORKER, Sentinel, sentinel_bin  # noqa: F401
 
 TOKEN_KEY = "astro-sentinel-token"
-# Queue `sentinel`: the backlog of 30 must be this module's own; its Sentinel starts once.
-pytestmark = pytest.mark.xdist_group("queue-sentinel")
-
 RANGES = ["Last 15 minutes", "Last 1 hour", "Last 6 hours", "Last 1 day", "Last 7 days", "Last 14 days"]
 
 
