@@ -71,7 +71,8 @@ STACK_STATE = "astro_e2e_airflow_stack"
 
 #: The xdist work units: the tests of one group run one after another in one worker, and the
 #: groups are handed out in this order (the longest first); every other test is a unit of its
-#: own. A test is named by its file, or by its file and function.
+#: own. A test is named by its file, or by its file and function. A new test on one of these
+#: queues (or that must not share the stack) belongs in its group.
 GROUPS: dict[str, tuple[str, ...]] = {
     # Queue `default`: e2e_short_40 and agents serving all of the queue; Airflow's counts of
     # the whole queue (test_stack).
@@ -106,6 +107,18 @@ def group_of(nodeid: str) -> str | None:
         if module in members or f"{module}::{function}" in members:
             return group
     return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """A name in :data:`GROUPS` that names no test of a collected file (a renamed test) would
+    let its test run beside the others on its queue: refuse to run."""
+    modules = {item.path.name for item in items}
+    tests = {f"{item.path.name}::{item.originalname}" for item in items}
+    for members in GROUPS.values():
+        for member in members:
+            module, _, function = member.partition("::")
+            if function and module in modules and member not in tests:
+                raise pytest.UsageError(f"conftest GROUPS names {member}, which is no test")
 
 
 def pytest_configure(config):
