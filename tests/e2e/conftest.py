@@ -153,6 +153,18 @@ def pytest_xdist_make_scheduler(config, log):
             self.workqueue.move_to_end(first, last=False)
             super()._assign_work_unit(node)
 
+        def _reschedule(self, node) -> None:
+            # xdist hands a worker its next unit when 2 of its tests are left: that unit then
+            # waits behind them, while another worker may be free sooner. 1 is as late as it
+            # can be: a worker runs its last test only once it knows the next (or is told to stop).
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
     return GroupScheduling(config, log)
 
 
