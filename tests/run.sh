@@ -119,7 +119,9 @@ stage_chart() {
 }
 stage_e2e() {
   step "end-to-end tests against a real Airflow"
-  pytest tests/e2e
+  # Three tests at a time (mostly they wait on tasks and polls), sharing one Airflow stack;
+  # tests/e2e/conftest.py says which run one after another.
+  pytest -n 3 tests/e2e
 }
 stage_keda() {
   step "KEDA contract (KEDA's own code against the chart and a live Sentinel)"

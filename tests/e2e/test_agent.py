@@ -13,6 +13,8 @@ from harness.astro_agent_process import AstroAgent
 from harness.procs import wait_for
 
 MARKER = "astro-e2e marker"
+# The queues of e2e_long_8 and e2e_mapped_4 (e2e_short_40's is `default`).
+LONG, MAPPED = "long", "mapped"
 
 
 @pytest.fixture
@@ -95,7 +97,7 @@ def test_two_agents_run_40_tasks_within_their_slots_and_ship_logs(airflow, trigg
 
 @LAUNCH_MODES
 def test_sigterm_drains_running_tasks_and_reports_offline(airflow, trigger_dag, astro_agent, mode):
-    agent = astro_agent("agent-drain", sync_slots=4, launch_mode=mode)
+    agent = astro_agent("agent-drain", queues=[LONG], sync_slots=4, launch_mode=mode)
     run = trigger_dag("e2e_long_8")
     client = airflow.client
 
@@ -123,7 +125,7 @@ def test_sigterm_drains_running_tasks_and_reports_offline(airflow, trigger_dag, 
 
 
 def test_queue_stats_equal_airflows_counts(airflow, trigger_dag, astro_agent):
-    agent = astro_agent("agent-stats", sync_slots=2)
+    agent = astro_agent("agent-stats", queues=[LONG], sync_slots=2)
     run = trigger_dag("e2e_long_8")
     client = airflow.client
 
@@ -131,8 +133,8 @@ def test_queue_stats_equal_airflows_counts(airflow, trigger_dag, astro_agent):
         mine = client.task_instances("e2e_long_8", run)
         if sum(t["state"] == "running" for t in mine) != 2 or sum(t["state"] == "queued" for t in mine) != 6:
             return None
-        want = {"queued": client.count("default", ["queued"]), "running": client.count("default", ["running"])}
-        have = {s: agent.gauge("astro_agent_client_queue_stats", queue="default", state=s) for s in want}
+        want = {"queued": client.count(LONG, ["queued"]), "running": client.count(LONG, ["running"])}
+        have = {s: agent.gauge("astro_agent_client_queue_stats", queue=LONG, state=s) for s in want}
         return (want, have) if have == {s: float(n) for s, n in want.items()} else None
 
     want, have = wait_for(in_step, 60, "queue stats equal to Airflow's counts", interval=0.5)
@@ -169,7 +171,7 @@ def test_a_launcher_that_cannot_start_falls_back_to_fresh_interpreters(airflow, 
         f'exec {airflow.python} "$@"\n'
     )
     python.chmod(0o755)
-    agent = astro_agent("agent-fallback", sync_slots=4, python=python)
+    agent = astro_agent("agent-fallback", queues=[MAPPED], sync_slots=4, python=python)
     run = trigger_dag("e2e_mapped_4")
     assert airflow.client.wait_run("e2e_mapped_4", run, timeout=600) == "success"
     assert "task launcher did not start; tasks start in fresh interpreters" in agent.log()
@@ -180,7 +182,7 @@ def test_a_launcher_that_cannot_start_falls_back_to_fresh_interpreters(airflow, 
 def test_airflow_admin_actions_reach_the_agent(airflow, trigger_dag, astro_agent):
     """Concurrency, maintenance and shutdown set in Airflow's UI API take effect."""
     name = "agent-admin"
-    agent = astro_agent(name, sync_slots=4)
+    agent = astro_agent(name, queues=[MAPPED], sync_slots=4)
     client = airflow.client
 
     client.set_worker_concurrency(name, 2)

@@ -21,7 +21,9 @@ and ``${CARGO_TARGET_DIR:-target}/release/astro-sentinel``.
 The harness has no public way to stop and start PostgreSQL, so :func:`stop_postgres` and
 :func:`start_postgres` below do it with the stack's own cluster folder; the scheduler and
 dag-processor exit when the database goes away, so :func:`start_postgres` restarts any
-Airflow daemon that died and waits for the stack to be healthy again.
+Airflow daemon that died and waits for the stack to be healthy again. Stopping them would
+break every other test running meanwhile: this module runs on ``own_airflow``, a stack no
+other test uses meanwhile (tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ SYNC_SLOTS = 4
 WORKER = "astro-worker-sentinel"
 SHARED = "astro-worker-sentinel-big"  # a second Deployment on the same queue
 TOKEN = "e2e-" + secrets.token_hex(16)
+
+
+@pytest.fixture
+def airflow(own_airflow):
+    """This module's tests, ``trigger_dag`` and ``python_edge_worker`` included, run on a stack
+    no other test uses: they stop its api-server and its database."""
+    return own_airflow
 
 
 # ---- the binary ---------------------------------------------------------------------------

@@ -31,6 +31,12 @@ Test hygiene: :meth:`AirflowStack.abandon_run` makes a test's unfinished run har
 for later tests; :meth:`AirflowStack.sql` runs SQL on the metadata database for
 set-up/inspection. :meth:`stop_api_server` / :meth:`start_api_server` restart only
 the api-server, on the same port.
+
+Sharing: :meth:`state` describes a running stack and :meth:`AirflowStack.attach` makes a
+stack object of it in another process (the e2e stage's pytest processes share one stack
+that way, see tests/e2e/conftest.py). An attached stack has the same addresses, secrets,
+environments, :meth:`sql` and :meth:`abandon_run`; it has no daemons of its own to stop or
+restart, and its :meth:`stop` leaves the stack running for the process that started it.
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ class AirflowStack:
         self._daemons: dict[str, Daemon] = {}
         self._client: AirflowClient | None = None
         self._stopped = False
+        #: True for a stack another process started (:meth:`attach`).
+        self.attached = False
 
     # ---- addresses -------------------------------------------------------------------
 
@@ -153,7 +161,46 @@ class AirflowStack:
 
     def daemon(self, name: str) -> Daemon:
         """The running ``api-server``, ``scheduler`` or ``dag-processor`` (PID, log file)."""
+        self._own_daemons()
         return self._daemons[name]
+
+    def _own_daemons(self) -> None:
+        if self.attached:
+            raise RuntimeError("this stack was started by another process: its daemons are not this process's")
+
+    # ---- sharing with other processes ------------------------------------------------
+
+    def state(self) -> dict:
+        """A running stack's coordinates and secrets, for :meth:`attach` in another process
+        (plain JSON types; it holds the JWT secret: hand it over privately, not in the environment)."""
+        return {
+            "dags_folder": str(self.dags_folder),
+            "host": self.host,
+            "extra_env": self.extra_env,
+            "workdir": str(self.workdir),
+            "port": self.port,
+            "jwt_secret": self.jwt_secret,
+            "fernet_key": self._fernet_key,
+            "api_secret_key": self._api_secret_key,
+            "venv": str(self._venv),
+            "timings": self.timings,
+            "postgres": self._pg.state(),
+        }
+
+    @classmethod
+    def attach(cls, state: dict) -> "AirflowStack":
+        """The stack another process started and described with :meth:`state`."""
+        stack = cls(Path(state["dags_folder"]), extra_env=state["extra_env"], host=state["host"])
+        stack.attached = True
+        stack.workdir = Path(state["workdir"])
+        stack.port = state["port"]
+        stack.jwt_secret = state["jwt_secret"]
+        stack._fernet_key = state["fernet_key"]
+        stack._api_secret_key = state["api_secret_key"]
+        stack._venv = Path(state["venv"])
+        stack.timings = dict(state["timings"])
+        stack._pg = PostgresCluster.attach(state["postgres"])
+        return stack
 
     # ---- environments ----------------------------------------------------------------
 
@@ -243,10 +290,13 @@ class AirflowStack:
         return self
 
     def stop(self) -> None:
-        """Stop the daemons (SIGTERM, then SIGKILL after 20 s), Postgres, remove the folder. Idempotent."""
+        """Stop the daemons (SIGTERM, then SIGKILL after 20 s), Postgres, remove the folder. Idempotent.
+        An attached stack is left running: the process that started it stops it."""
         if self._stopped:
             return
         self._stopped = True
+        if self.attached:
+            return
         for name in ("scheduler", "dag-processor", "api-server"):
             daemon = self._daemons.get(name)
             if daemon is not None:
@@ -264,10 +314,12 @@ class AirflowStack:
 
     def stop_api_server(self) -> None:
         """Stop only the api-server (scheduler and dag-processor keep running)."""
+        self._own_daemons()
         self._daemons["api-server"].stop()
 
     def start_api_server(self, timeout: float = 120.0) -> None:
         """Start the api-server again on the same port and wait until it is healthy."""
+        self._own_daemons()
         self._start_daemon("api-server")
         self._wait_healthy(timeout, need_scheduler=False)
 

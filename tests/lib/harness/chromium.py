@@ -19,7 +19,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
-from harness.procs import free_port
+from harness.procs import apt_lock, free_port
 
 PACKAGES = ("chromium", "chromium-driver")
 
@@ -29,9 +29,13 @@ def ensure_chromium() -> tuple[str, str]:
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if browser and driver:
         return browser, driver
-    subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES], check=True,
-                   stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    with apt_lock():
+        browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+        if browser and driver:
+            return browser, driver
+        subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES], check=True,
+                       stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     assert browser and driver, f"apt-get installed {PACKAGES} but chromium/chromedriver are not on PATH"
     return browser, driver

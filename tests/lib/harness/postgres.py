@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness.procs import free_port, log_tail, wait_for
+from harness.procs import apt_lock, free_port, log_tail, wait_for
 
 
 def postgres_bin_dir() -> Path:
@@ -27,14 +27,18 @@ def postgres_bin_dir() -> Path:
         return found
     if os.geteuid() != 0:
         raise RuntimeError("PostgreSQL server binaries not found and not root: apt-get install postgresql")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
-        check=True,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    with apt_lock():
+        found = _find_bin_dir()
+        if found:
+            return found
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
     found = _find_bin_dir()
     if not found:
         raise RuntimeError("apt-get installed postgresql but no /usr/lib/postgresql/*/bin/initdb exists")
@@ -101,6 +105,25 @@ class PostgresCluster:
         self.psql(f"CREATE ROLE {self.user} LOGIN PASSWORD '{self.password}'")
         self.psql(f"CREATE DATABASE {self.database} OWNER {self.user}")
         return self
+
+    def state(self) -> dict:
+        """What :meth:`attach` needs to reach this running cluster from another process."""
+        return {
+            "folder": str(self.folder), "user": self.user, "database": self.database, "password": self.password,
+            "port": self.port, "bin_dir": str(self.bin_dir),
+            "run_as": self._run_as.pw_name if self._run_as is not None else None,
+        }
+
+    @classmethod
+    def attach(cls, state: dict) -> "PostgresCluster":
+        """The cluster another process started (:meth:`state`): :meth:`psql` works, :meth:`stop`
+        does nothing (the process that started it stops it)."""
+        pg = cls(Path(state["folder"]), user=state["user"], database=state["database"])
+        pg.password = state["password"]
+        pg.port = state["port"]
+        pg.bin_dir = Path(state["bin_dir"])
+        pg._run_as = pwd.getpwnam(state["run_as"]) if state["run_as"] else None
+        return pg
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run one SQL statement as the superuser over the unix socket; return stdout."""

@@ -9,6 +9,7 @@ stdout/stderr go to one log file whose tail is put into error messages.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -51,6 +52,18 @@ def starting(stack: Stack) -> Iterator[Callable[[str], None]]:
         stack.stop()
         raise
     stack.timings["total"] = time.monotonic() - started
+
+
+@contextlib.contextmanager
+def apt_lock() -> Iterator[None]:
+    """Held while the harness runs apt: the e2e stage's tests run side by side (xdist), and a
+    second ``apt-get update`` or ``install`` at the same time fails on apt's own lock. Whoever
+    waited here checks again for what it was about to install."""
+    folder = Path(os.environ.get("ASTRO_CACHE_DIR") or Path.home() / ".cache" / "astro-agent")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def free_port() -> int:

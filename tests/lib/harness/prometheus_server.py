@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.procs import Daemon, StartupError, free_port, wait_for
+from harness.procs import Daemon, StartupError, apt_lock, free_port, wait_for
 
 
 class PromQLError(RuntimeError):
@@ -76,7 +76,9 @@ def binaries() -> tuple[Path, Path]:
             raise RuntimeError("prometheus/promtool not found and apt knows no candidate: "
                                "install Debian's prometheus package (or run as root once)")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
+        with apt_lock():
+            if _candidate_version() is None:
+                subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
         version = _candidate_version()
         if version is None:
             raise RuntimeError("apt-get update ran but apt still has no candidate for 'prometheus'")
