@@ -3,12 +3,12 @@
 //! error (exit 1); and tokens never appear in its logs, even at debug level.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 use test_kit::fake_kubernetes::FakeKubernetes;
 use test_kit::fake_rest_api::fake_airflow;
 use test_kit::keda::{keda_get, value_at};
-use test_kit::{eventually, TempDir};
+use test_kit::{eventually, ChildGuard, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_astro-sentinel");
 
@@ -173,21 +173,10 @@ fn missing_flags_and_secrets_exit_2() {
 }
 
 /// A child process that is killed and reaped when dropped (e.g. when an assertion fails).
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
-}
-
 type Lines = std::sync::mpsc::Receiver<String>;
 
 /// Starts the binary, waits for its "listening" log line, returns the child and its address.
-fn spawn_listening(cmd: &mut Command) -> (Proc, std::net::SocketAddr, Lines) {
+fn spawn_listening(cmd: &mut Command) -> (ChildGuard, std::net::SocketAddr, Lines) {
     let child = cmd
         .env("RUST_LOG", "debug")
         .stdin(Stdio::null())
@@ -195,7 +184,7 @@ fn spawn_listening(cmd: &mut Command) -> (Proc, std::net::SocketAddr, Lines) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut child = Proc(child);
+    let mut child = ChildGuard(child);
     let stderr = child.0.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -225,7 +214,7 @@ fn spawn_listening(cmd: &mut Command) -> (Proc, std::net::SocketAddr, Lines) {
     }
 }
 
-fn signal(child: &Proc, sig: &str) {
+fn signal(child: &ChildGuard, sig: &str) {
     let status = Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(child.0.id().to_string())
@@ -234,7 +223,7 @@ fn signal(child: &Proc, sig: &str) {
     assert!(status.success());
 }
 
-fn wait_exit(child: &mut Proc) -> i32 {
+fn wait_exit(child: &mut ChildGuard) -> i32 {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(status) = child.0.try_wait().unwrap() {
@@ -349,7 +338,7 @@ fn json_logs_are_one_object_per_line_and_text_logs_have_no_colour_in_a_pipe() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut child = Proc(child);
+        let mut child = ChildGuard(child);
         let stderr = BufReader::new(child.0.stderr.take().unwrap());
         let mut lines = Vec::new();
         for line in stderr.lines().map_while(Result::ok) {

@@ -29,16 +29,10 @@ struct SharedSource(Mutex<HashMap<String, QueueBacklog>>);
 
 impl SharedSource {
     fn set(&self, queue: &str, queued: u64, running: u64) {
-        self.0.lock().unwrap().insert(
-            queue.into(),
-            QueueBacklog {
-                queued_tasks: queued,
-                running_tasks: running,
-                queued_slots: queued,
-                running_slots: running,
-                oldest_queued_age: None,
-            },
-        );
+        self.0
+            .lock()
+            .unwrap()
+            .insert(queue.into(), QueueBacklog::one_slot_tasks(queued, running));
     }
 }
 

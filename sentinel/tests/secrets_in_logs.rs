@@ -3,11 +3,11 @@
 //! format: not while it runs at debug level with failing sources, and not in a
 //! configuration error.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use test_kit::fake_rest_api::fake_airflow;
 use test_kit::keda::keda_get;
-use test_kit::TempDir;
+use test_kit::{ChildGuard, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_astro-sentinel");
 const AIRFLOW_TOKEN: &str = "airflow-token-SECRET-1";
@@ -113,27 +113,15 @@ fn configuration_errors_never_quote_a_secret() {
     }
 }
 
-/// A child process killed and reaped when dropped (e.g. when an assertion fails).
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts the binary with its log in `log`; waits for its address.
-fn start(mut cmd: Command, log: &std::path::Path) -> (Proc, std::net::SocketAddr) {
+fn start(mut cmd: Command, log: &std::path::Path) -> (ChildGuard, std::net::SocketAddr) {
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap();
-    let child = Proc(child);
+    let child = ChildGuard(child);
     let text = wait_for_log(log, "listening");
     // `addr=127.0.0.1:N` in text, `"addr":"127.0.0.1:N"` in JSON.
     let at = text.find("addr").unwrap() + "addr".len();
@@ -158,7 +146,7 @@ fn wait_for_log(log: &std::path::Path, needle: &str) -> String {
     }
 }
 
-fn stop(mut child: Proc) {
+fn stop(mut child: ChildGuard) {
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])
         .status()

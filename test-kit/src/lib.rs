@@ -7,6 +7,7 @@
 //! and what one binary leaves unused is not dead code here.
 
 pub mod agent_process;
+pub mod child_guard;
 pub mod eventually;
 pub mod fake_edge_api;
 pub mod fake_kubernetes;
@@ -17,6 +18,7 @@ pub mod raw_http;
 pub mod server;
 pub mod temp_dir;
 
+pub use child_guard::ChildGuard;
 pub use eventually::eventually;
 pub use port::free_port;
 pub use raw_http::{parse_answer, raw_request, Answer};

@@ -222,15 +222,8 @@ mod tests {
     use super::*;
     use crate::sources::QueueBacklog;
 
-    /// `tasks` task instances of one slot each.
     fn tasks(queued: u64, running: u64) -> QueueBacklog {
-        QueueBacklog {
-            queued_tasks: queued,
-            running_tasks: running,
-            queued_slots: queued,
-            running_slots: running,
-            oldest_queued_age: None,
-        }
+        QueueBacklog::one_slot_tasks(queued, running)
     }
 
     fn worker(queues: &[&str], slots: u32, min: u32, max: u32) -> WorkerConfig {

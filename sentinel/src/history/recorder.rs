@@ -155,15 +155,8 @@ mod tests {
         (clock, history, recorder)
     }
 
-    /// Task instances of one slot each.
     fn tasks(queued: u64, running: u64) -> QueueBacklog {
-        QueueBacklog {
-            queued_tasks: queued,
-            running_tasks: running,
-            queued_slots: queued,
-            running_slots: running,
-            oldest_queued_age: None,
-        }
+        QueueBacklog::one_slot_tasks(queued, running)
     }
 
     #[test]

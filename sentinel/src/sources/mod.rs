@@ -31,6 +31,20 @@ pub struct QueueBacklog {
     pub oldest_queued_age: Option<Duration>,
 }
 
+impl QueueBacklog {
+    /// `queued` and `running` task instances of one pool slot each, none queued long enough to
+    /// have an age: the backlog the tests feed the Sentinel's views with.
+    pub fn one_slot_tasks(queued: u64, running: u64) -> Self {
+        QueueBacklog {
+            queued_tasks: queued,
+            running_tasks: running,
+            queued_slots: queued,
+            running_slots: running,
+            oldest_queued_age: None,
+        }
+    }
+}
+
 /// The outcome for one queue: its backlog, or a one-line reason (never containing secrets).
 pub type QueueOutcome = Result<QueueBacklog, String>;
 
