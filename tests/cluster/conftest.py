@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.xdist_units import unit_scheduler
 from infra import stage
 from infra.helm_release import HelmRelease
 from infra.kube import Cluster
@@ -86,23 +87,12 @@ def pytest_xdist_make_scheduler(config, log):
     stage lasts both."""
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadFileScheduling
 
-    class Files(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return TOGETHER.get(path.rsplit("/", 1)[-1], path)
+    def file_of(nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        return TOGETHER.get(path.rsplit("/", 1)[-1], path)
 
-        def _reschedule(self, node) -> None:
-            if node.shutting_down:
-                return
-            if not self.workqueue:
-                node.shutdown()
-                return
-            if self._pending_of(self.assigned_work[node]) <= 1:
-                self._assign_work_unit(node)
-
-    return Files(config, log)
+    return unit_scheduler(config, log, file_of)
 
 
 @functools.cache

@@ -64,6 +64,7 @@ import pytest
 from harness.airflow_client import AirflowClient
 from harness.airflow_stack import AirflowStack
 from harness.python_edge_worker import PythonEdgeWorker
+from harness.xdist_units import unit_scheduler
 
 #: xdist worker-input key of the shared stack's :meth:`AirflowStack.state`.
 STACK_STATE = "astro_e2e_airflow_stack"
@@ -140,32 +141,9 @@ def pytest_configure(config):
 def pytest_xdist_make_scheduler(config, log):
     """Whatever ``--dist`` says: the work units are :data:`GROUPS` (xdist's own ``loadgroup``
     marks do not take with this pytest), handed out in that order."""
-    from xdist.scheduler import LoadScopeScheduling
-
     rank = {group: i for i, group in enumerate(GROUPS)}
-
-    class GroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid) or nodeid
-
-        def _assign_work_unit(self, node) -> None:
-            first = min(self.workqueue, key=lambda scope: rank.get(scope, len(rank)))
-            self.workqueue.move_to_end(first, last=False)
-            super()._assign_work_unit(node)
-
-        def _reschedule(self, node) -> None:
-            # xdist hands a worker its next unit when 2 of its tests are left: that unit then
-            # waits behind them, while another worker may be free sooner. 1 is as late as it
-            # can be: a worker runs its last test only once it knows the next (or is told to stop).
-            if node.shutting_down:
-                return
-            if not self.workqueue:
-                node.shutdown()
-                return
-            if self._pending_of(self.assigned_work[node]) <= 1:
-                self._assign_work_unit(node)
-
-    return GroupScheduling(config, log)
+    return unit_scheduler(config, log, lambda nodeid: group_of(nodeid) or nodeid,
+                          lambda unit: rank.get(unit, len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
