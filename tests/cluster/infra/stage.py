@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.airflow_client import AirflowClient
-from harness.airflow_stack import PASSWORD, USERNAME, AirflowStack
+from harness.airflow_stack import AirflowStack
 from harness.procs import Daemon, wait_for
 
 from infra.control_plane import ADDRESS, ControlPlane
@@ -138,37 +137,6 @@ def _env_with_cluster_tests() -> dict[str, str]:
 
 # ---- sharing: what the driver writes, what pytest workers attach to ------------------------------
 
-@dataclass
-class AttachedAirflow:
-    """The parts of :class:`AirflowStack` the scenarios use, for an Airflow another process runs."""
-
-    api_base: str
-    jwt_secret: str
-    python: Path
-    dags_folder: Path
-
-    def __post_init__(self) -> None:
-        self.python, self.dags_folder = Path(self.python), Path(self.dags_folder)
-        self._client: AirflowClient | None = None
-
-    @property
-    def edge_api_url(self) -> str:
-        return f"{self.api_base}/edge_worker/v1"
-
-    @property
-    def execution_api_url(self) -> str:
-        return f"{self.api_base}/execution/"
-
-    @property
-    def client(self) -> AirflowClient:
-        if self._client is None:
-            self._client = self.new_client()
-        return self._client
-
-    def new_client(self) -> AirflowClient:
-        return AirflowClient(self.api_base, USERNAME, PASSWORD)
-
-
 def state(control_plane: ControlPlane, keda: Keda, airflow: AirflowStack) -> dict[str, Any]:
     return {
         "control_plane": {"workdir": str(control_plane.workdir), "bin_dir": str(control_plane.bin_dir),
@@ -176,8 +144,7 @@ def state(control_plane: ControlPlane, keda: Keda, airflow: AirflowStack) -> dic
         "keda": {"workdir": str(keda.workdir), "bin_dir": str(keda.bin_dir), "address": keda.address,
                  "token_audiences": keda.token_audiences, "http_timeout_ms": keda.http_timeout_ms,
                  "ports": vars(keda.ports), "crd_names": keda.crd_names},
-        "airflow": {"api_base": airflow.api_base, "jwt_secret": airflow.jwt_secret,
-                    "python": str(airflow.python), "dags_folder": str(airflow.dags_folder)},
+        "airflow": airflow.state(),
     }
 
 
@@ -192,7 +159,7 @@ def write_state(path: Path, value: dict[str, Any]) -> None:
 class Attached:
     control_plane: ControlPlane
     keda: Keda
-    airflow: AttachedAirflow
+    airflow: AirflowStack
 
 
 def attach(path: Path) -> Attached:
@@ -205,4 +172,4 @@ def attach(path: Path) -> Attached:
     k = value["keda"]
     keda = Keda.attach(Path(k["workdir"]), Path(k["bin_dir"]), cp, k["address"], k["token_audiences"],
                        k["http_timeout_ms"], Ports(**k["ports"]), k["crd_names"])
-    return Attached(cp, keda, AttachedAirflow(**value["airflow"]))
+    return Attached(cp, keda, AirflowStack.attach(value["airflow"]))
