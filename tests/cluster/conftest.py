@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -60,14 +59,6 @@ def _env_path(name: str) -> Path:
 WORK = _env_path("ASTRO_CLUSTER_WORK")
 BIN = _env_path("ASTRO_CLUSTER_BIN")
 STATE = os.environ.get("ASTRO_CLUSTER_STATE")
-
-
-def pytest_configure(config):
-    # SIGTERM (e.g. a CI timeout) should tear everything down like Ctrl-C does.
-    def _raise_interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def pytest_collection_modifyitems(config, items):

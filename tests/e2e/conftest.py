@@ -56,8 +56,6 @@ serve, and not rely on what earlier tests left behind.
 
 from __future__ import annotations
 
-import os
-import signal
 
 import pytest
 
@@ -122,18 +120,6 @@ def pytest_collection_modifyitems(config, items):
                 raise pytest.UsageError(f"conftest GROUPS names {member}, which is no test")
 
 
-def pytest_configure(config):
-    # SIGTERM (e.g. a CI timeout) should tear the stack down like Ctrl-C does. Under xdist the
-    # controlling process passes it on to the workers and lets them tear their processes down
-    # and report back (xdist would kill a worker still busy 15 s after being told to exit).
-    def _on_sigterm(signum, frame):
-        if _stop_workers(config):
-            return
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
 # ---- running side by side (xdist) ---------------------------------------------------------
 
 
@@ -152,13 +138,9 @@ def pytest_configure_node(node):
     (started on the first call)."""
     config = node.config
     if not hasattr(config, "_astro_e2e_stack"):
-        config._astro_e2e_workers = []
         config._astro_e2e_stack = _start_shared_stack(config)
     stack = config._astro_e2e_stack
     node.workerinput[STACK_STATE] = stack if isinstance(stack, dict) else stack.state()
-    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
-    if popen is not None:
-        config._astro_e2e_workers.append(popen)
 
 
 def _start_shared_stack(config) -> AirflowStack | dict:
@@ -173,22 +155,6 @@ def _start_shared_stack(config) -> AirflowStack | dict:
     if terminal is not None:
         terminal.write_line(f"shared {_up_line(stack)}")
     return stack
-
-
-def _stop_workers(config) -> bool:
-    """SIGTERM to each running xdist worker of this process, once; False if there was none (or
-    they were told before). A worker takes it as Ctrl-C: its fixtures stop what the test started,
-    it reports the interruption, and the session ends once every worker has done so."""
-    if getattr(config, "_astro_e2e_told_workers", False):
-        return False
-    workers = [w for w in getattr(config, "_astro_e2e_workers", []) if w.poll() is None]
-    for w in workers:
-        try:
-            os.kill(w.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    config._astro_e2e_told_workers = bool(workers)
-    return bool(workers)
 
 
 def _up_line(stack: AirflowStack) -> str:
