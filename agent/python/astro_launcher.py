@@ -1,39 +1,48 @@
 """astro-agent's pre-forked task launcher.
 
 The agent starts this file once with the Python that runs tasks. It imports Airflow's task SDK
-supervisor code up front (the slow part of starting a task), then for every job the agent
+supervisor code up front (the slow part of starting a task), then for every job the task host
 sends it forks a process that runs the task exactly as
 ``python -m airflow.sdk.execution_time.execute_workload --json-path FILE`` would — except that
 the supervisor notices the end of its task without waiting for its next heartbeat (see
 ``_wake_selects_on_child_exit``).
 
-Usage: ``python astro_launcher.py [SPARES]`` (the most spares it keeps; default 1).
+Usage: ``python astro_launcher.py [SPARES]`` (the most spares it keeps; default 1), started by
+the agent's task host; or ``python astro_launcher.py --one`` for one task in a fresh interpreter
+(its stdin is a socket: it writes one byte once it is not dumpable, then reads its request).
 
 Protocol (stdin/stdout of this process): each message is a 4-byte big-endian length followed by
 that many bytes of JSON.
-  launcher -> agent, once:  {"type": "ready"}
-  launcher -> agent:        {"type": "spare", "pid": <pid>}   as soon as that process exists
+  launcher -> host, once:   {"type": "ready"}
+  launcher -> host:         {"type": "spare", "pid": <pid>}   as soon as that process exists
                             (see below)
-  agent -> launcher:        {"id", "workload", "output", "claim"}   (paths)
-  launcher -> agent:        {"type": "started", "id", "pid": <task pid>}
+  host -> launcher:         {"id", "host": <task host pid>, "workload": {...}, "output", "claim"}
+  launcher -> host:         {"type": "started", "id", "pid": <task pid>}
                         or  {"type": "failed", "id", "error": "<text>"}
 
+The workload holds the task's Execution API token. Tasks run as the same user as this launcher,
+so the launcher, its spares and the supervisors it starts are not dumpable: no task can read
+another's token through ``/proc/<pid>/mem``, ``environ`` or ``fd``. The workload reaches the
+supervisor in memory, never in a file or in argv.
+
 Each task process is made by a double fork, so that it is not this launcher's child: it is
-re-parented to the agent (a child subreaper), which waits for it and learns its exit status even
+re-parented to the task host (a child subreaper), which waits for it and learns its exit status even
 if this launcher dies. The launcher makes them ahead of time, while it has nothing else to do:
 processes wait, each on its own pipe, for a job, so that starting a task costs no fork while the
 machine is busiest (when tasks end and the next ones start). How many follows demand
 (``SpareDemand``): as many as the largest burst of starts in the last few minutes, at most
 SPARES, and none on an idle worker, whose memory they would only take. A spare whose pipe
-closes (the launcher is gone, or it is no longer wanted) exits; the agent waits for it like for
-a task, which is why each is announced. Before running, the task claims the job: it writes its
-pid to a file of its own and links that to ``claim``, which fails if ``claim`` exists, so the
-agent never reads a claim without its pid. If the agent has already claimed the job (because
-the launcher stopped answering and the agent started the task another way), the task exits
-without running, so no job runs twice.
+closes (the launcher is gone, or it is no longer wanted) exits; the task host waits for it like
+for a task, which is why each is announced. Before running, the task claims the job: it writes
+its pid to a file of its own and links that to ``claim``, which fails if ``claim`` exists, so
+the task host never reads a claim without its pid. If the task host has already claimed the job
+(because the launcher stopped answering and it started the task another way), the task exits
+without running, so no job runs twice. A task dies with the task host (``PR_SET_PDEATHSIG``),
+whose end is the end of the tasks it reports on.
 """
 
 import collections
+import ctypes
 import importlib
 import json
 import os
@@ -171,28 +180,59 @@ def _wake_selects_on_child_exit():
     os.register_at_fork(after_in_child=lambda: setattr(selector_class, "select", original))
 
 
+#: prctl(2) options.
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+
+
+def _prctl(option, value):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+def _make_undumpable():
+    """Closes this process's memory, environment and descriptors to the tasks (same user):
+    forks keep it; the supervisors started from here hold workloads with tokens."""
+    _prctl(PR_SET_DUMPABLE, 0)
+
+
+def _die_with_host(host):
+    """Dies when the task host does: waits until this process is the task host's (a double
+    fork's intermediate process may not have exited yet), then asks for SIGKILL on its end."""
+    while os.getppid() != host:
+        if os.getppid() == 1 and host != 1:
+            os._exit(1)  # the task host is gone already
+        time.sleep(0.001)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != host:
+        os._exit(1)
+
+
 #: Airflow's setting for the function that names the host a task ran on.
 HOSTNAME_CALLABLE = "AIRFLOW__CORE__HOSTNAME_CALLABLE"
 #: The process that becomes the task's supervisor (set in each task process of the launcher).
 _supervisor_pid = None
-#: What the agent set as the hostname callable (the edge provider's), for processes that are
+#: The hostname callable the user configured (None: Airflow's default), for processes that are
 #: not forked from the launcher.
 _importable_hostname_callable = None
 
 
 def task_hostname():
     """Airflow's hostname callable in the launcher's tasks: the worker's name (HOSTNAME), as the
-    edge provider's ``_edge_hostname`` answers, without importing that module — 16 MiB of
-    aiohttp, psutil and the edge client in the launcher, and so in every process forked from it.
+    edge provider's ``_edge_hostname`` answers — without that provider, which the tasks' image
+    need not have.
 
-    The task process (a fork of the supervisor) hands its own children the edge provider's
-    callable again: they are fresh interpreters, where this launcher is not importable. It does
-    so on its first call, which Airflow's task runner makes before any task code runs (it sets
-    ``ti.hostname`` while preparing the task); restoring at the fork instead would make that
-    call import the edge module in every task.
+    The task process (a fork of the supervisor) hands its own children the callable the user
+    configured (or none: Airflow's default) again: they are fresh interpreters, where this
+    launcher is not importable. It does so on its first call, which Airflow's task runner makes
+    before any task code runs (it sets ``ti.hostname`` while preparing the task).
     """
-    if os.getpid() != _supervisor_pid and _importable_hostname_callable:
-        os.environ[HOSTNAME_CALLABLE] = _importable_hostname_callable
+    if os.getpid() != _supervisor_pid:
+        if _importable_hostname_callable is None:
+            os.environ.pop(HOSTNAME_CALLABLE, None)
+        else:
+            os.environ[HOSTNAME_CALLABLE] = _importable_hostname_callable
     return os.environ.get("HOSTNAME") or socket.getfqdn()
 
 
@@ -203,19 +243,25 @@ def _run_task(request):
         os.setpgid(0, 0)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        if not _claim(request["claim"]):
-            os._exit(0)  # the agent took this job back; it runs elsewhere
+        if request.get("host"):
+            _die_with_host(request["host"])
+        if request.get("claim") and not _claim(request["claim"]):
+            os._exit(0)  # the task host took this job back; it runs elsewhere
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        output = os.open(request["output"], os.O_WRONLY | os.O_APPEND)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
         os.close(null)
-        os.close(output)
+        if request.get("output"):
+            output = os.open(request["output"], os.O_WRONLY | os.O_APPEND)
+            # The task host reads it through its own descriptor: no other task may open it.
+            os.unlink(request["output"])
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            os.close(output)
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        sys.argv = ["execute_workload", "--json-path", request["workload"]]
+        # In memory: argv here is this process's Python list, not its /proc cmdline.
+        sys.argv = ["execute_workload", "--json-string", json.dumps(request["workload"])]
         global _supervisor_pid, _importable_hostname_callable
         _supervisor_pid = os.getpid()
         _importable_hostname_callable = os.environ.get(HOSTNAME_CALLABLE)
@@ -256,7 +302,7 @@ def _claim(claim):
 
 
 def _double_fork(body):
-    """Runs ``body()`` in a grandchild, re-parented to the agent once the intermediate process
+    """Runs ``body()`` in a grandchild, re-parented to the task host once the intermediate process
     has exited; returns the grandchild's pid."""
     read_end, write_end = os.pipe()
     intermediate = os.fork()
@@ -270,7 +316,7 @@ def _double_fork(body):
                     body()
                 finally:
                     # body() exits by itself once the task has taken over: getting here is a
-                    # failure, which the agent (waiting for this pid) must see as one.
+                    # failure, which the task host (waiting for this pid) must see as one.
                     os._exit(1)
             os.write(write_end, str(grandchild).encode())
         finally:
@@ -329,7 +375,7 @@ def _hand_to_spare(spares, request):
             _write_message(hand, request)
             return pid
         except OSError:
-            continue  # it died while waiting (the agent has reaped it): try the next one
+            continue  # it died while waiting (the task host has reaped it): try the next one
         finally:
             os.close(hand)
     return None
@@ -341,7 +387,7 @@ def _quiet_for(fd, seconds):
 
 
 def _retire_spare(spares):
-    """Lets the newest spare go: its pipe closes, so it exits (and the agent reaps it)."""
+    """Lets the newest spare go: its pipe closes, so it exits (and the task host reaps it)."""
     _, hand = spares.pop()
     _spare_pipes.remove(hand)
     os.close(hand)
@@ -374,9 +420,24 @@ def _warm_execution_api_client():
     Client(base_url="http://127.0.0.1/", token="").close()
 
 
+def run_one():
+    """A fresh interpreter's one task: its request arrives on stdin (a socket) once it has said
+    it is not dumpable."""
+    _make_undumpable()
+    os.write(0, b"!")
+    request = _read_message(0)
+    if request is None:
+        os._exit(1)
+    sys.modules[LAUNCHER_MODULE] = sys.modules[__name__]
+    _run_task(request)
+
+
 def main():
+    if sys.argv[1:] == ["--one"]:
+        run_one()
+    _make_undumpable()
     spare_count = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    # The agent owns our lifetime (we exit when it closes stdin); terminal signals are not ours.
+    # The task host owns our lifetime (we exit when it closes stdin); terminal signals are not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     requests, replies = 0, 1
@@ -425,7 +486,7 @@ def main():
             if pid is None:
                 pid = _double_fork(lambda: _run_task(request))
             _write_message(replies, {"type": "started", "id": request["id"], "pid": pid})
-        except Exception as e:  # noqa: BLE001 - every failure goes back to the agent
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the task host
             error = f"{type(e).__name__}: {e}"
             _write_message(replies, {"type": "failed", "id": request.get("id"), "error": error})
 

@@ -10,12 +10,15 @@ use crate::queue_stats;
 use crate::registration::{self, Registered};
 use crate::shutdown;
 use crate::slots::Slots;
-use crate::task_process::KILL_GRACE;
-use crate::task_spawner::{SpawnerSettings, TaskSpawner};
-use crate::versions::Versions;
+use crate::task_host_client::{TaskHost, Welcome};
+use crate::task_host_link::Link;
+use crate::task_host_protocol::{HostedTask, TaskSettings, KILL_GRACE};
+use crate::task_runner;
+use crate::versions;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
 use airflow::edge_token::EdgeTokenSigner;
+use airflow::edge_types::EdgeJob;
 use anyhow::Context as _;
 use http_server::Readiness;
 use std::sync::Arc;
@@ -29,11 +32,12 @@ use tokio_util::task::TaskTracker;
 /// before the agent exits regardless.
 const REPORT_GRACE: Duration = Duration::from_secs(30);
 
-/// `task_env` is the environment task processes inherit (see [`crate::task_env`]).
+/// `task_env` is the environment a task host the agent starts gets (see [`crate::task_env`]);
+/// `log_format` is the agent's, passed on to it.
 pub async fn run(
     config: Config,
-    versions: Versions,
     task_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    log_format: String,
 ) -> anyhow::Result<()> {
     let slots = Slots::new(config.sync_slots);
     let metrics = Arc::new(Metrics::new(slots.clone()));
@@ -52,7 +56,26 @@ pub async fn run(
         readiness.clone(),
         stop_admin.clone(),
     ));
+    let outcome = with_task_host(
+        config, task_env, log_format, slots, metrics, &readiness, drain, kill,
+    )
+    .await;
+    stop_admin.cancel();
+    let _ = admin.await;
+    outcome
+}
 
+#[allow(clippy::too_many_arguments)]
+async fn with_task_host(
+    config: Config,
+    task_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    log_format: String,
+    slots: Slots,
+    metrics: Arc<Metrics>,
+    readiness: &Readiness,
+    drain: CancellationToken,
+    kill: CancellationToken,
+) -> anyhow::Result<()> {
     let edge = EdgeClient::new(
         &config.api_url,
         EdgeTokenSigner::new(config.jwt_secret.expose()),
@@ -60,25 +83,46 @@ pub async fn run(
         config.ca.as_ref(),
     )
     .context("building the HTTP client")?;
-    let spawner = TaskSpawner::new(
-        SpawnerSettings {
-            python: &config.python,
-            work_dir_in: &std::env::temp_dir(),
-            execution_api_url: config.execution_api_url.as_str(),
-            worker_name: &config.worker_name,
-            log_folder: &config.log_folder,
-            mode: config.launch_mode,
-            slots: config.sync_slots,
+    let settings = TaskSettings {
+        python: config.python.clone(),
+        execution_api_url: config.execution_api_url.to_string(),
+        worker_name: config.worker_name.clone(),
+        log_folder: config.log_folder.clone(),
+        mode: config.launch_mode,
+        slots: config.sync_slots,
+        task_env_allow: config
+            .task_env_allow
+            .iter()
+            .map(|p| p.as_str().to_string())
+            .collect(),
+    };
+    let link = match &config.task_host_socket {
+        Some(path) => Link::Socket(path.clone()),
+        None => Link::Child {
+            program: std::env::current_exe()
+                .context("finding the agent's own binary to start the task host")?,
+            env: task_env,
+            log_format,
         },
-        task_env.into_iter(),
-    )
-    .context("creating the private work directory for workload files")?;
-    // The launcher imports Airflow (seconds) while the worker registers and fetches: a job that
-    // arrives before it is ready waits for it (see `PreforkLauncher::launch`).
-    let stop_launcher = CancellationToken::new();
-    let launcher = spawner
-        .prefork_launcher()
-        .map(|launcher| tokio::spawn(launcher.supervise(stop_launcher.clone())));
+    };
+    // The task host's launcher imports Airflow (seconds) while the worker registers.
+    let stop_host = CancellationToken::new();
+    let (task_host, welcome, adopt) = tokio::select! {
+        started = TaskHost::start(settings, link, stop_host.clone()) => started?,
+        _ = drain.cancelled() => {
+            tracing::info!("stopped before the task host answered");
+            return Ok(());
+        }
+    };
+    let Welcome {
+        versions,
+        left_behind,
+    } = welcome;
+    let versions = versions::resolve(
+        &versions,
+        config.airflow_version.clone(),
+        config.edge_provider_version.clone(),
+    )?;
     let ctx = Arc::new(Context {
         slots,
         status: WorkerStatus::new(
@@ -89,7 +133,7 @@ pub async fn run(
         config,
         edge,
         metrics,
-        spawner,
+        task_host,
         jobs: TaskTracker::new(),
         drain,
         kill,
@@ -97,22 +141,34 @@ pub async fn run(
         heartbeat_now: Notify::new(),
         maintenance_changed: Notify::new(),
     });
-
-    let outcome = serve(&ctx, &readiness).await;
-    stop_launcher.cancel();
-    if let Some(launcher) = launcher {
-        let _ = launcher.await;
-    }
-    stop_admin.cancel();
-    let _ = admin.await;
+    let outcome = serve(&ctx, readiness, left_behind, adopt).await;
+    stop_host.cancel();
     outcome
 }
 
-async fn serve(ctx: &Arc<Context>, readiness: &Readiness) -> anyhow::Result<()> {
+async fn serve(
+    ctx: &Arc<Context>,
+    readiness: &Readiness,
+    left_behind: Vec<HostedTask>,
+    mut adopt: tokio::sync::mpsc::UnboundedReceiver<HostedTask>,
+) -> anyhow::Result<()> {
     if let Registered::Abandoned = registration::register(ctx).await? {
         tracing::info!("stopped before registration completed");
         return Ok(());
     }
+    for task in left_behind {
+        take_over(ctx, task).await;
+    }
+    // Tasks a reconnection finds that this agent never started (a task host that outlived
+    // two agents' connections).
+    let adopting = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            while let Some(task) = adopt.recv().await {
+                take_over(&ctx, task).await;
+            }
+        })
+    };
     // Ready: registered with Airflow, until the drain begins.
     readiness.set(true);
     let stop_background = CancellationToken::new();
@@ -131,11 +187,32 @@ async fn serve(ctx: &Arc<Context>, readiness: &Readiness) -> anyhow::Result<()> 
     wait_for_jobs(ctx).await;
     tracing::info!("all tasks finished and reported");
 
+    adopting.abort();
     stop_background.cancel();
     let _ = heartbeats.await;
     let _ = stats.await;
     heartbeat::report_offline(ctx).await;
     Ok(())
+}
+
+/// Follows a task a previous agent started to its end and reports it.
+async fn take_over(ctx: &Arc<Context>, task: HostedTask) {
+    let job: EdgeJob = match serde_json::from_value(task.job.clone()) {
+        Ok(job) => job,
+        Err(e) => {
+            tracing::error!(task = %task.id, error = %e, "the task host holds a task whose job this agent cannot read; it is left alone");
+            return;
+        }
+    };
+    let remote = ctx.task_host.adopt(&task);
+    let lease = ctx
+        .slots
+        .reserve()
+        .await
+        .into_lease(job.concurrency_slots)
+        .await;
+    ctx.jobs
+        .spawn(task_runner::resume(ctx.clone(), job, lease, remote));
 }
 
 /// Waits for every running job, applying the drain deadline: when it passes (or a second

@@ -88,7 +88,8 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_AGENT_EXECUTION_API_URL", value_name = "URL")]
     pub execution_api_url: Option<String>,
 
-    /// Python executable that has the Airflow task SDK and the edge3 provider
+    /// Python executable, where tasks run, that has the Airflow task SDK
+    /// (in the tasks container, with --task-host-socket)
     #[arg(
         long,
         env = "ASTRO_AGENT_PYTHON",
@@ -96,6 +97,11 @@ pub struct Flags {
         default_value = "python3"
     )]
     pub python: PathBuf,
+
+    /// Drive the task host listening on this Unix socket (the tasks container of a worker
+    /// Pod) [default: start one as a child]
+    #[arg(long, env = "ASTRO_AGENT_TASK_HOST_SOCKET", value_name = "PATH")]
+    pub task_host_socket: Option<PathBuf>,
 
     /// Airflow's base log folder: tasks write their logs below it
     #[arg(
@@ -242,6 +248,7 @@ pub struct Config {
     pub idle_fetch_interval: Duration,
     pub execution_api_url: Url,
     pub python: PathBuf,
+    pub task_host_socket: Option<PathBuf>,
     pub log_folder: PathBuf,
     pub airflow_version: Option<String>,
     pub edge_provider_version: Option<String>,
@@ -255,12 +262,15 @@ pub struct Config {
 }
 
 /// How task processes are started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum LaunchMode {
     /// Fork from a long-lived launcher that has imported Airflow already (fresh interpreters
     /// while it is not available).
     Prefork,
-    /// A fresh `python -m airflow.sdk.execution_time.execute_workload` per task.
+    /// A fresh interpreter per task.
     Fresh,
 }
 
@@ -286,6 +296,8 @@ pub struct ConfigError {
     pub flag: &'static str,
     pub problem: String,
 }
+
+impl std::error::Error for ConfigError {}
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -419,6 +431,7 @@ impl Flags {
             idle_fetch_interval: self.idle_fetch_interval,
             execution_api_url,
             python: self.python,
+            task_host_socket: self.task_host_socket,
             log_folder: self.log_folder,
             airflow_version: self.airflow_version,
             edge_provider_version: self.edge_provider_version,

@@ -3,7 +3,7 @@
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::slots::Slots;
-use crate::task_spawner::TaskSpawner;
+use crate::task_host_client::TaskHost;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub slots: Slots,
     pub status: WorkerStatus,
-    pub spawner: TaskSpawner,
+    pub task_host: Arc<TaskHost>,
     /// Running jobs; "all work finished" is this tracker being closed and empty.
     pub jobs: TaskTracker,
     /// Stop fetching: SIGTERM, SIGINT, or Airflow's `shutdown request`.

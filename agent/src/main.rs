@@ -6,24 +6,26 @@ mod agent;
 mod config;
 mod context;
 mod fetch_loop;
+mod frames;
 mod heartbeat;
-mod launcher_protocol;
+mod install;
 mod log_shipper;
 mod metrics;
-mod prefork_launcher;
 mod queue_stats;
-mod reaper;
 mod registration;
 mod reporter;
 mod shutdown;
 mod slots;
 mod task_env;
-mod task_process;
+mod task_host;
+mod task_host_client;
+mod task_host_link;
+mod task_host_protocol;
 mod task_runner;
-mod task_spawner;
 mod versions;
 mod worker_status;
 
+use clap::ValueEnum;
 use logging::flags::EXIT_CONFIG;
 use std::process::ExitCode;
 
@@ -31,16 +33,29 @@ fn main() -> ExitCode {
     // Before any secret is read: a process that is not dumpable has its /proc/<pid>/environ,
     // mem, maps, fd and the like owned by root and closed to ptrace, so the tasks, which run
     // as the same user, cannot read the agent's environment or memory. (The tasks themselves
-    // are dumpable again: exec resets the flag, and they inherit no secret.)
+    // are dumpable again: exec resets the flag, and they inherit no secret.) The task host
+    // too: it holds every task's workload until the task has it.
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         eprintln!("astro-agent: cannot make the process non-dumpable: {e}");
         return ExitCode::FAILURE;
+    }
+    // Subcommands before the agent's flags, which stay top-level (`ASTRO_AGENT_*`).
+    let mut args = std::env::args_os().skip(1);
+    match args.next().as_ref().and_then(|a| a.to_str()) {
+        Some("task-host") => return task_host::main(args),
+        Some("install") => return install::main(args),
+        _ => {}
     }
     let flags: config::Flags = match logging::flags::parse() {
         Ok(flags) => flags,
         Err(exit) => return exit,
     };
     logging::init(flags.log_format);
+    let log_format = flags
+        .log_format
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
 
     let hostname = || {
         std::env::var("HOSTNAME")
@@ -56,19 +71,6 @@ fn main() -> ExitCode {
         }
     };
     let task_env = task_env::inherited(std::env::vars_os(), &config.task_env_allow);
-    let versions = match versions::resolve(
-        &config.python,
-        &task_env,
-        config.airflow_version.clone(),
-        config.edge_provider_version.clone(),
-    ) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("astro-agent: {e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-
     // One thread is plenty: the agent only waits on sockets, pipes and child processes.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -80,8 +82,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(agent::run(config, versions, task_env)) {
+    match runtime.block_on(agent::run(config, task_env, log_format)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<config::ConfigError>().is_some() => {
+            eprintln!("astro-agent: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE

@@ -75,6 +75,11 @@ impl EnvPattern {
         Ok(EnvPattern(text.to_string()))
     }
 
+    /// As written: `NAME` or `PREFIX*`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
     fn matches(&self, key: &str) -> bool {
         match self.0.strip_suffix('*') {
             Some(prefix) => key.starts_with(prefix),

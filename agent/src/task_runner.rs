@@ -8,7 +8,7 @@ use crate::log_shipper::LogShipper;
 use crate::metrics::TaskResult;
 use crate::reporter::{deliver, Delivery};
 use crate::slots::Lease;
-use crate::task_process::{Exit, TaskProcess};
+use crate::task_host_client::{Exit, RemoteTask};
 use airflow::backoff::Backoff;
 use airflow::edge_types::{EdgeJob, JobState, TaskKey};
 use std::sync::Arc;
@@ -21,15 +21,30 @@ use std::time::{Duration, Instant};
 const LOG_PUSH_INTERVAL: Duration = Duration::from_secs(5);
 /// Attempts at the last log push before the final state is reported anyway.
 const FINAL_LOG_ATTEMPTS: u32 = 5;
-/// How much of the supervisor's own output is added to the log of a failed task.
-const FAILURE_OUTPUT_TAIL: u64 = 16 * 1024;
 
 /// Runs `job`, holding `slots` while its task process runs. The slots go back as soon as the
 /// process has ended, so the next job is fetched while this one's last log lines and final
 /// state go out (a slot bounds task processes, and this one is gone).
 pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
+    let started = ctx.task_host.start_task(&job).await;
+    follow(ctx, job, slots, started).await;
+}
+
+/// Follows a task a previous agent started (this agent's container restarted while it ran)
+/// to its end, as if this agent had started it.
+pub async fn resume(ctx: Arc<Context>, job: EdgeJob, slots: Lease, task: RemoteTask) {
+    tracing::info!(task = %job.key(), pid = task.pid(), "taking over a task that was running before this agent started");
+    follow(ctx, job, slots, Ok(task)).await;
+}
+
+async fn follow(
+    ctx: Arc<Context>,
+    job: EdgeJob,
+    slots: Lease,
+    started: Result<RemoteTask, String>,
+) {
     let key = job.key();
-    let started = Instant::now();
+    let begun = Instant::now();
     ctx.metrics.tasks_started.inc();
     ctx.heartbeat_now.notify_one();
     let log_path = job.log_path().map(|p| ctx.config.log_folder.join(p));
@@ -38,24 +53,24 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
     }
     let mut shipper = LogShipper::new(log_path);
 
-    let result = match ctx.spawner.spawn(&job.command).await {
+    let result = match started {
         Err(e) => {
             tracing::error!(task = %key, error = %e, "could not start the task process");
             shipper.append_note(&format!(
-                "astro-agent on {}: could not start the task process ({} -m airflow.sdk.execution_time.execute_workload): {e}",
+                "astro-agent on {}: could not start the task process (Airflow's supervisor with {}): {e}",
                 ctx.config.worker_name,
                 ctx.config.python.display()
             ));
             TaskResult::StartFailed
         }
-        Ok(process) => supervise(&ctx, process, &key, &slots, &mut shipper).await,
+        Ok(task) => supervise(&ctx, task, &key, &slots, &mut shipper).await,
     };
 
     drop(slots);
 
     push_last_logs(&ctx, &mut shipper, &key).await;
     report_final_state(&ctx, &key, result).await;
-    ctx.metrics.task_finished(result, started.elapsed());
+    ctx.metrics.task_finished(result, begun.elapsed());
     ctx.heartbeat_now.notify_one();
 }
 
@@ -64,7 +79,7 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
 /// output to the log, where the task's own lines may not say why it ended.
 async fn supervise(
     ctx: &Context,
-    mut process: TaskProcess,
+    mut process: RemoteTask,
     key: &TaskKey,
     slots: &Lease,
     shipper: &mut LogShipper,
@@ -105,23 +120,19 @@ async fn supervise(
     if !running_reported {
         report_running.await;
     }
-    let result = match &exit {
-        Ok(Exit::Finished(status)) if status.success() => TaskResult::Success,
-        Ok(Exit::Finished(_)) => TaskResult::Failed,
-        Ok(Exit::Killed(_)) => TaskResult::Killed,
-        Err(_) => TaskResult::Failed,
+    let (result, how, ended) = match &exit {
+        Exit::Finished(e) if e.success() => (TaskResult::Success, String::new(), e),
+        Exit::Finished(e) => (TaskResult::Failed, format!("ended with {e}"), e),
+        Exit::Killed(e) => (
+            TaskResult::Killed,
+            format!("was stopped by the agent ({e})"),
+            e,
+        ),
     };
     if result != TaskResult::Success {
-        let how = match &exit {
-            Ok(Exit::Killed(s)) => format!("was stopped by the agent ({s})"),
-            Ok(Exit::Finished(s)) => format!("ended with {s}"),
-            Err(e) => format!("could not be waited for: {e}"),
-        };
         shipper.append_note(&format!(
-            "astro-agent on {}: the task process {how}. Supervisor output (last {} KiB):\n{}",
-            ctx.config.worker_name,
-            FAILURE_OUTPUT_TAIL / 1024,
-            process.output_tail(FAILURE_OUTPUT_TAIL)
+            "astro-agent on {}: the task process {how}. Supervisor output (its last lines):\n{}",
+            ctx.config.worker_name, ended.output_tail
         ));
     }
     tracing::info!(task = %key, ?exit, "task process ended");

@@ -80,7 +80,7 @@ pub struct FetchBody<'a> {
 
 /// A job handed to this worker. `command` is Airflow's workload and is passed to the task
 /// process unchanged, so it stays raw JSON here.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EdgeJob {
     pub dag_id: String,
     pub task_id: String,

@@ -10,7 +10,14 @@ pub const EXIT_CONFIG: u8 = 2;
 /// given: 0 after `--help` or `--version`, [`EXIT_CONFIG`] after printing
 /// `<binary>: <clap's message>` as one line.
 pub fn parse<F: clap::Parser>() -> Result<F, ExitCode> {
-    F::try_parse().map_err(|e| {
+    parse_from(std::env::args_os())
+}
+
+/// [`parse`] from `args` (the first is the program's name).
+pub fn parse_from<F: clap::Parser>(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<F, ExitCode> {
+    F::try_parse_from(args).map_err(|e| {
         if !e.use_stderr() {
             // --help and --version
             let _ = e.print();

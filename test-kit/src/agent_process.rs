@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-/// A fake `python` that plays Airflow's supervisor: it reads `fake.sleep` and `fake.exit`
-/// from the workload file, writes the task log, and reports SIGTERM in it. Each one also
+/// A fake `python` that plays the launcher script's one-task mode and Airflow's supervisor:
+/// it says it is ready on its stdin socket, reads its request there, takes `fake.sleep` and
+/// `fake.exit` from the workload in it, writes the task log, and reports SIGTERM in it. Each one also
 /// leaves a file in `running/` while it runs and appends how many it saw there (itself
 /// included) to `concurrency`: the largest number is the most task processes at once.
 pub fn fake_python(dir: &Path) -> PathBuf {
@@ -19,11 +20,13 @@ pub fn fake_python(dir: &Path) -> PathBuf {
     std::fs::write(
         &path,
         r#"#!/bin/sh
-f="$4"
+here="$(dirname "$0")"
+f="$here/request.$$"
+printf '!' >&0
+tail -c +5 <&0 > "$f"
 secs=$(sed -n 's/.*"sleep":\([0-9.]*\).*/\1/p' "$f")
 code=$(sed -n 's/.*"exit":\([0-9]*\).*/\1/p' "$f")
 log="$AIRFLOW__LOGGING__BASE_LOG_FOLDER/$(sed -n 's/.*"log_path":"\([^"]*\)".*/\1/p' "$f")"
-here="$(dirname "$0")"
 mkdir -p "$(dirname "$log")" "$here/running"
 touch "$here/running/$$"
 ls "$here/running" | wc -l >> "$here/concurrency"

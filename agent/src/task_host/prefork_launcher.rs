@@ -1,9 +1,9 @@
-//! The agent's side of the pre-forked Python launcher (`agent/python/astro_launcher.py`).
+//! The task host's side of the pre-forked Python launcher (`agent/python/astro_launcher.py`).
 //!
 //! A fresh interpreter per task spends seconds importing Airflow before the task starts. The
 //! launcher pays that once; each task is then a fork. The agent keeps the truth about tasks:
 //! the launcher only reports a task's pid, the agent waits for the task itself (see
-//! [`crate::reaper`]). A launcher that dies or stops answering is killed and restarted with
+//! [`super::reaper`]). A launcher that dies or stops answering is killed and restarted with
 //! backoff, and until it is ready again tasks start in fresh interpreters.
 //!
 //! The launcher forks processes ahead of time (spares) that wait for a job, so that a task
@@ -11,14 +11,12 @@
 //! announces each one, and the agent waits for it from then on, so a spare that exits unused
 //! (its launcher died) does not stay a zombie.
 
-use crate::launcher_protocol::{
-    receive, replies, requests, send, LaunchRequest, LauncherMessage, Replies, Requests,
-};
-use crate::reaper::Reaper;
+use super::launcher_protocol::{LaunchRequest, LauncherMessage};
+use super::reaper::Reaper;
+use crate::frames::{self, Reader, Writer};
 use airflow::backoff::Backoff;
 use nix::sys::signal::Signal;
 use std::ffi::OsString;
-use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -28,9 +26,6 @@ use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{oneshot, watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
-/// The launcher's source, written next to the workload files at start-up, so the agent binary
-/// is all there is to install.
-const SCRIPT: &str = include_str!("../python/astro_launcher.py");
 /// Importing Airflow can take tens of seconds on a busy node.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// A fork takes milliseconds; a launcher this slow to answer is hung.
@@ -65,8 +60,8 @@ pub struct PreforkLauncher {
 /// A running launcher that has said it is ready.
 struct Launcher {
     pid: i32,
-    requests: Requests<ChildStdin>,
-    replies: Replies<ChildStdout>,
+    requests: Writer<ChildStdin>,
+    replies: Reader<ChildStdout>,
 }
 
 /// Why the launcher did not start a task (it then starts in a fresh interpreter).
@@ -86,28 +81,23 @@ pub enum LaunchError {
 }
 
 impl PreforkLauncher {
+    /// `script` is the launcher's source, written out by the spawner.
     pub fn new(
         python: &Path,
-        work_dir: &Path,
+        script: &Path,
         env: Vec<(OsString, OsString)>,
         reaper: &'static Reaper,
         slots: u32,
-    ) -> std::io::Result<Arc<Self>> {
-        let script = work_dir.join("astro_launcher.py");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&script)?
-            .write_all(SCRIPT.as_bytes())?;
-        Ok(Arc::new(PreforkLauncher {
+    ) -> Arc<Self> {
+        Arc::new(PreforkLauncher {
             python: python.to_path_buf(),
-            script,
+            script: script.to_path_buf(),
             env,
             reaper,
             spares: (slots as usize).clamp(1, MAX_SPARES),
             ready: Mutex::new(None),
             first_start_over: watch::channel(false).0,
-        }))
+        })
     }
 
     /// Keeps a launcher running until `stop`: start, wait for ready, watch, restart.
@@ -168,10 +158,10 @@ impl PreforkLauncher {
         let pid = child.id() as i32;
         let mut launcher = Launcher {
             pid,
-            requests: requests(ChildStdin::from_std(child.stdin.take().expect("piped"))?),
-            replies: replies(ChildStdout::from_std(child.stdout.take().expect("piped"))?),
+            requests: frames::writer(ChildStdin::from_std(child.stdin.take().expect("piped"))?),
+            replies: frames::reader(ChildStdout::from_std(child.stdout.take().expect("piped"))?),
         };
-        match tokio::time::timeout(READY_TIMEOUT, receive(&mut launcher.replies)).await {
+        match tokio::time::timeout(READY_TIMEOUT, frames::receive(&mut launcher.replies)).await {
             Ok(Ok(LauncherMessage::Ready)) => {}
             other => {
                 self.reaper.signal(pid, Signal::SIGKILL);
@@ -193,9 +183,9 @@ impl PreforkLauncher {
     }
 
     /// The next message that is not a spare's announcement; announced spares are waited for.
-    async fn reply(&self, replies: &mut Replies<ChildStdout>) -> std::io::Result<LauncherMessage> {
+    async fn reply(&self, replies: &mut Reader<ChildStdout>) -> std::io::Result<LauncherMessage> {
         loop {
-            match receive(replies).await? {
+            match frames::receive(replies).await? {
                 // Nobody needs its exit status unless it runs a task, which then watches it
                 // again; until then this only reaps it.
                 LauncherMessage::Spare { pid } if pid > 0 => drop(self.reaper.watch(pid)),
@@ -223,7 +213,7 @@ impl PreforkLauncher {
         let mut ready = self.ready.lock().await;
         let launcher = ready.as_mut().ok_or(LaunchError::NotReady)?;
         let exchange = async {
-            send(&mut launcher.requests, request).await?;
+            frames::send(&mut launcher.requests, request).await?;
             self.reply(&mut launcher.replies).await
         };
         let failure = match tokio::time::timeout(LAUNCH_TIMEOUT, exchange).await {
@@ -248,16 +238,20 @@ impl PreforkLauncher {
 pub(crate) mod tests {
     use super::*;
     use crate::config::LaunchMode;
-    use crate::task_process::tests::gone;
-    use crate::task_process::{Exit, TaskProcess};
-    use crate::task_spawner::tests::settings;
-    use crate::task_spawner::TaskSpawner;
+    use crate::task_host::task_process::tests::gone;
+    use crate::task_host::task_process::{Exit, TaskProcess};
+    use crate::task_host::task_spawner::tests::settings;
+    use crate::task_host::task_spawner::TaskSpawner;
     use nix::unistd::Pid;
 
     /// What `check` prints, run by python3 with the launcher script importable.
     fn run_script(check: &str) -> String {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("astro_launcher.py"), SCRIPT).unwrap();
+        std::fs::write(
+            dir.path().join("astro_launcher.py"),
+            crate::task_host::task_spawner::SCRIPT,
+        )
+        .unwrap();
         let (mut child, _exit) = Reaper::global()
             .spawn(
                 Command::new("python3")
@@ -315,8 +309,9 @@ def hostname():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json-path")
+    parser.add_argument("--json-string")
     args = parser.parse_args()
-    w = json.load(open(args.json_path))
+    w = json.load(open(args.json_path)) if args.json_path else json.loads(args.json_string)
     record = {"pid": os.getpid(), "pgid": os.getpgid(0),
               "main": os.path.basename(getattr(sys.modules["__main__"], "__file__", "")),
               "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET"),
@@ -327,7 +322,7 @@ def main():
     if task == 0:
         with open(w["record"] + ".task", "w") as f:
             json.dump({"hostname": hostname(),
-                       "callable_for_children": os.environ["AIRFLOW__CORE__HOSTNAME_CALLABLE"]}, f)
+                       "callable_for_children": os.environ.get("AIRFLOW__CORE__HOSTNAME_CALLABLE")}, f)
         os._exit(0)
     os.waitpid(task, 0)
     record["task"] = json.load(open(w["record"] + ".task"))
@@ -524,14 +519,15 @@ if __name__ == "__main__":
             "no JWT secret in the launcher's env"
         );
         assert!(p.output_tail(1024).contains("fake supervisor running"));
-        // The worker's name as the host, without the edge provider's module in the supervisor;
-        // the task's own subprocesses get that module's callable, which they can import.
+        // The worker's name as the host, without the edge provider's module; the task's own
+        // subprocesses get the callable the user configured (none here: Airflow's default).
         assert_eq!(rec["hostname"], "worker-7", "{rec}");
         assert_eq!(rec["edge_module_loaded"], false, "{rec}");
         assert_eq!(rec["task"]["hostname"], "worker-7", "{rec}");
         assert_eq!(
             rec["task"]["callable_for_children"],
-            "airflow.providers.edge3.cli.worker._edge_hostname"
+            serde_json::Value::Null,
+            "{rec}"
         );
         let (_, status) = pf.run("fails", 0.0, 3).await;
         assert_eq!(status.code(), Some(3));
@@ -659,9 +655,11 @@ if __name__ == "__main__":
     #[tokio::test]
     async fn a_launcher_that_cannot_start_falls_back_to_fresh_interpreters() {
         let pf = prefork(false); // the launcher's imports fail; execute_workload itself works
-        let (_, status) = pf.run("fallback", 0.0, 0).await;
+        let (p, status) = pf.run("fallback", 0.0, 0).await;
         assert!(status.success());
-        assert_eq!(pf.record("fallback")["main"], "execute_workload.py");
+        assert_eq!(p.launched_by(), LaunchMode::Fresh);
+        // A fresh interpreter runs the launcher script for its one task.
+        assert_eq!(pf.record("fallback")["main"], "astro_launcher.py");
     }
 
     #[tokio::test]

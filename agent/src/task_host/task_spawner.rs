@@ -1,33 +1,45 @@
 //! Starting a task process.
 //!
-//! The task runs in Airflow's own supervisor, the code behind
-//! `python -m airflow.sdk.execution_time.execute_workload --json-path FILE`, in a process group
-//! of its own so that a stop reaches the supervisor and the task it forked. The workload (it
-//! holds the task's Execution API token) goes into a 0600 file rather than argv, where `ps`
-//! would show it, and the process gets the allowlisted environment of [`crate::task_env`]
-//! plus the settings below.
-//!
-//! Two ways to start it ([`LaunchMode`]): a fork of the pre-forked launcher, which has Airflow
-//! imported already, or a fresh interpreter — the fallback whenever the launcher cannot start
-//! a task. A claim file decides races between the two: whoever creates it first runs the task.
+//! The task runs in Airflow's own supervisor (`airflow.sdk.execution_time.execute_workload`),
+//! in a process group of its own so that a stop reaches the supervisor and the task it forked.
+//! Both ways to start it ([`LaunchMode`]) go through the launcher script
+//! (`agent/python/astro_launcher.py`): a fork of the pre-forked launcher, which has Airflow
+//! imported already, or a fresh interpreter running the script for one task — the fallback
+//! whenever the launcher cannot start a task. The workload (it holds the task's Execution API
+//! token) travels in the request, never in a file or argv: the tasks run as the same user, and
+//! every process the request passes through makes itself non-dumpable first, so no other task
+//! can read it through `/proc`. The process gets the allowlisted environment of
+//! [`crate::task_env`] plus the settings below. A claim file decides races between the two
+//! ways: whoever creates it first runs the task.
 
+use super::launcher_protocol::LaunchRequest;
+use super::prefork_launcher::PreforkLauncher;
+use super::reaper::Reaper;
+use super::task_process::TaskProcess;
 use crate::config::LaunchMode;
-use crate::launcher_protocol::LaunchRequest;
-use crate::prefork_launcher::PreforkLauncher;
-use crate::reaper::Reaper;
-use crate::task_process::TaskProcess;
+use crate::frames;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// The launcher's source, written into the work directory at start-up, so the agent binary
+/// is all there is to install.
+pub(super) const SCRIPT: &str = include_str!("../../python/astro_launcher.py");
+/// How long a fresh interpreter may take to start and say it is ready for its request.
+const FRESH_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Everything needed to start task processes, computed once.
 pub struct TaskSpawner {
     python: PathBuf,
+    script: PathBuf,
     /// Removed with everything in it when the spawner is dropped.
     work_dir: tempfile::TempDir,
     env: Vec<(OsString, OsString)>,
@@ -48,9 +60,9 @@ pub struct SpawnerSettings<'a> {
 }
 
 impl TaskSpawner {
-    /// Creates the private work directory that holds workload files: a new directory with a
-    /// random name and mode 0700, so that nobody can prepare it (or a symlink in its place)
-    /// beforehand. `inherited_env` is what tasks inherit ([`crate::task_env::inherited`]).
+    /// Creates the private work directory: a new directory with a random name and mode 0700,
+    /// so that nobody can prepare it (or a symlink in its place) beforehand.
+    /// `inherited_env` is what tasks inherit ([`crate::task_env::inherited`]).
     pub fn new(
         settings: SpawnerSettings<'_>,
         inherited_env: impl Iterator<Item = (OsString, OsString)>,
@@ -68,6 +80,12 @@ impl TaskSpawner {
             .prefix("astro-agent-")
             .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(work_dir_in)?;
+        let script = work_dir.path().join("astro_launcher.py");
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&script)?
+            .write_all(SCRIPT.as_bytes())?;
         let mut env: Vec<(OsString, OsString)> = inherited_env.collect();
         let set = [
             (
@@ -76,12 +94,8 @@ impl TaskSpawner {
             ),
             ("AIRFLOW__LOGGING__BASE_LOG_FOLDER", log_folder.as_os_str()),
             // The task instance shows the worker's name as its host, as with the edge worker,
-            // whose hostname callable reads HOSTNAME.
+            // whose hostname callable reads HOSTNAME (the launcher's does the same).
             ("HOSTNAME", worker_name.as_ref()),
-            (
-                "AIRFLOW__CORE__HOSTNAME_CALLABLE",
-                "airflow.providers.edge3.cli.worker._edge_hostname".as_ref(),
-            ),
         ];
         env.retain(|(k, _)| !set.iter().any(|(name, _)| k == name));
         env.extend(
@@ -89,19 +103,20 @@ impl TaskSpawner {
                 .map(|(k, v)| (OsString::from(k), v.to_os_string())),
         );
         let reaper = Reaper::global();
-        // Forked tasks reach the agent only by re-parenting.
+        // Forked tasks reach the task host only by re-parenting.
         let prefork = match mode {
             LaunchMode::Prefork if reaper.is_subreaper() => Some(PreforkLauncher::new(
                 python,
-                work_dir.path(),
+                &script,
                 env.clone(),
                 reaper,
                 slots,
-            )?),
+            )),
             _ => None,
         };
         Ok(TaskSpawner {
             python: python.to_path_buf(),
+            script,
             work_dir,
             env,
             reaper,
@@ -121,24 +136,21 @@ impl TaskSpawner {
     /// Starts the task for `workload` (the job's `command`).
     pub async fn spawn(&self, workload: &serde_json::Value) -> std::io::Result<TaskProcess> {
         let id = uuid::Uuid::new_v4().simple().to_string();
+        let output_path = self.work_dir().join(format!("{id}.out"));
+        let output = private_file(&output_path)?;
         let files = TaskFiles {
-            workload: self.work_dir().join(format!("{id}.json")),
-            output: self.work_dir().join(format!("{id}.out")),
+            output: File::open(&output_path)?,
+            output_path,
             claim: self.work_dir().join(format!("{id}.claim")),
         };
-        // Written for a process on this machine that reads it at once: no fsync (it would
-        // wait for the disk on every task start, and a crash loses the task anyway).
-        let mut f = private_file(&files.workload)?;
-        f.write_all(&serde_json::to_vec(workload)?)?;
-        drop(f);
-        let output = private_file(&files.output)?;
 
         if let Some(launcher) = &self.prefork {
             let request = LaunchRequest {
                 id: &id,
-                workload: &files.workload,
-                output: &files.output,
-                claim: &files.claim,
+                host: std::process::id(),
+                workload,
+                output: Some(&files.output_path),
+                claim: Some(&files.claim),
             };
             match launcher.launch(&request).await {
                 Ok(pid) => return Ok(self.adopted(pid, files)),
@@ -153,31 +165,65 @@ impl TaskSpawner {
                 return Ok(self.adopted(pid, files));
             }
         }
+        self.spawn_fresh(&id, workload, output, files).await
+    }
+
+    /// A fresh interpreter runs the launcher script for this one task. It gets its request on
+    /// a socket as stdin, and only once it has said it is not dumpable.
+    async fn spawn_fresh(
+        &self,
+        id: &str,
+        workload: &serde_json::Value,
+        output: File,
+        files: TaskFiles,
+    ) -> std::io::Result<TaskProcess> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         let (child, exit) = self.reaper.spawn(
             Command::new(&self.python)
-                .args([
-                    "-m",
-                    "airflow.sdk.execution_time.execute_workload",
-                    "--json-path",
-                ])
-                .arg(&files.workload)
+                .arg(&self.script)
+                .arg("--one")
                 .env_clear()
                 .envs(self.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
+                .stdin(Stdio::from(OwnedFd::from(theirs)))
                 .stdout(output.try_clone()?)
                 .stderr(output)
                 .process_group(0),
         )?;
-        Ok(TaskProcess::new(
-            child.id() as i32,
-            LaunchMode::Fresh,
-            exit,
-            self.reaper,
-            files,
-        ))
+        let pid = child.id() as i32;
+        // The child has the file open: no other process needs its name.
+        let _ = std::fs::remove_file(&files.output_path);
+        let process = TaskProcess::new(pid, LaunchMode::Fresh, exit, self.reaper, files);
+        ours.set_nonblocking(true)?;
+        let ours = tokio::net::UnixStream::from_std(ours)?;
+        let (mut read, write) = ours.into_split();
+        let handshake = async {
+            let mut ready = [0u8; 1];
+            read.read_exact(&mut ready).await?;
+            let request = LaunchRequest {
+                id,
+                host: std::process::id(),
+                workload,
+                output: None,
+                claim: None,
+            };
+            frames::send(&mut frames::writer(write), &request).await
+        };
+        match tokio::time::timeout(FRESH_READY_TIMEOUT, handshake).await {
+            Ok(Ok(())) => Ok(process),
+            failed => {
+                process.kill();
+                Err(std::io::Error::other(format!(
+                    "the fresh interpreter did not take its task: {}",
+                    match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {FRESH_READY_TIMEOUT:?}"),
+                    }
+                )))
+            }
+        }
     }
 
-    /// A task the launcher forked, re-parented to the agent.
+    /// A task the launcher forked, re-parented to the task host.
     fn adopted(&self, pid: i32, files: TaskFiles) -> TaskProcess {
         TaskProcess::new(
             pid,
@@ -216,34 +262,34 @@ fn claimed_by(claim: &Path) -> std::io::Result<Option<i32>> {
 
 /// Files of one task; the task process keeps them, and they are removed when it is dropped.
 pub struct TaskFiles {
-    workload: PathBuf,
-    /// The supervisor's stdout and stderr.
-    pub output: PathBuf,
+    /// The supervisor's stdout and stderr, open for reading: its name goes as soon as the task
+    /// has opened it, so other tasks cannot read it.
+    pub output: File,
+    output_path: PathBuf,
     claim: PathBuf,
 }
 
 impl Drop for TaskFiles {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.workload);
-        let _ = std::fs::remove_file(&self.output);
+        let _ = std::fs::remove_file(&self.output_path);
         let _ = std::fs::remove_file(&self.claim);
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::super::task_process::Exit;
     use super::*;
     use crate::task_env::EnvPattern;
-    use crate::task_process::Exit;
     use tokio_util::sync::CancellationToken;
 
-    /// A stand-in "python" for fresh mode that records its argv, environment and workload,
-    /// then runs the shell snippet in $ACTION.
+    /// A stand-in "python" for fresh mode that records its argv and environment, says it is
+    /// ready on its stdin socket, records the request it then gets, and runs $ACTION.
     pub(crate) fn fake_python(dir: &Path) -> PathBuf {
         let path = dir.join("python");
         std::fs::write(
             &path,
-            "#!/bin/sh\necho \"$@\" > \"$RECORD.argv\"\nenv > \"$RECORD.env\"\ncat \"$4\" > \"$RECORD.workload\"\nstat -c %a \"$4\" > \"$RECORD.mode\"\necho supervisor-says-hi\neval \"$ACTION\"\n",
+            "#!/bin/sh\necho \"$@\" > \"$RECORD.argv\"\nenv > \"$RECORD.env\"\nprintf '!' >&0\ntail -c +5 <&0 > \"$RECORD.request\"\necho supervisor-says-hi\neval \"$ACTION\"\n",
         )
         .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -304,14 +350,13 @@ pub(crate) mod tests {
         assert!(matches!(exit, Exit::Finished(s) if s.success()));
         let rec =
             |ext: &str| std::fs::read_to_string(dir.path().join(format!("rec.{ext}"))).unwrap();
-        assert!(
-            rec("argv").starts_with("-m airflow.sdk.execution_time.execute_workload --json-path ")
-        );
-        assert_eq!(rec("mode").trim(), "600");
         assert_eq!(
-            serde_json::from_str::<serde_json::Value>(&rec("workload")).unwrap(),
-            workload
+            rec("argv").trim(),
+            format!("{}/astro_launcher.py --one", spawner.work_dir().display())
         );
+        let request: serde_json::Value = serde_json::from_str(&rec("request")).unwrap();
+        assert_eq!(request["workload"], workload, "{request}");
+        assert_eq!(request["claim"], serde_json::Value::Null, "{request}");
         let env = rec("env");
         assert!(env.contains("AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://api:8080/execution/"));
         assert!(env.contains("HOSTNAME=worker-7"));
@@ -330,7 +375,11 @@ pub(crate) mod tests {
         }
         assert!(p.output_tail(1024).contains("supervisor-says-hi"));
         drop(p);
-        let left: Vec<_> = std::fs::read_dir(spawner.work_dir()).unwrap().collect();
+        let left: Vec<_> = std::fs::read_dir(spawner.work_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|name| name != "astro_launcher.py")
+            .collect();
         assert!(left.is_empty(), "task files are removed: {left:?}");
         let mode = std::fs::metadata(spawner.work_dir())
             .unwrap()
@@ -372,7 +421,11 @@ pub(crate) mod tests {
             .err()
             .expect("spawn fails");
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
-        assert_eq!(std::fs::read_dir(spawner.work_dir()).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(spawner.work_dir()).unwrap().count(),
+            1,
+            "the script only"
+        );
     }
 
     #[test]

@@ -1,19 +1,15 @@
 //! A running task process: waiting for its end, stopping it (its whole process group, SIGTERM
 //! then SIGKILL), and the tail of its supervisor's output for the task log.
 
+use super::reaper::Reaper;
+use super::task_spawner::TaskFiles;
 use crate::config::LaunchMode;
-use crate::reaper::Reaper;
-use crate::task_spawner::TaskFiles;
+pub use crate::task_host_protocol::KILL_GRACE;
 use nix::sys::signal::Signal;
-use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::process::ExitStatus;
-use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-
-/// How long a task gets between SIGTERM and SIGKILL when the agent must stop it.
-pub const KILL_GRACE: Duration = Duration::from_secs(10);
 
 /// How a task process ended.
 #[derive(Debug)]
@@ -84,6 +80,11 @@ impl TaskProcess {
         }
     }
 
+    /// Ends it at once: its start failed half-way.
+    pub fn kill(&self) {
+        self.signal(Signal::SIGKILL);
+    }
+
     fn signal(&self, signal: Signal) {
         if !self.reaper.signal_group(self.pid, signal) {
             tracing::debug!(pid = self.pid, %signal, "process group already gone");
@@ -92,9 +93,7 @@ impl TaskProcess {
 
     /// The last bytes the supervisor printed (its own errors land there, not in the task log).
     pub fn output_tail(&self, max: u64) -> String {
-        let Ok(mut f) = File::open(&self.files.output) else {
-            return String::new();
-        };
+        let mut f = &self.files.output;
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
         let mut buf = Vec::new();
@@ -105,8 +104,9 @@ impl TaskProcess {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::super::task_spawner::tests::{fake_python, fresh_spawner};
     use super::*;
-    use crate::task_spawner::tests::{fake_python, fresh_spawner};
+    use std::time::Duration;
 
     #[tokio::test]
     async fn exit_status_is_reported() {

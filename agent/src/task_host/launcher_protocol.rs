@@ -1,79 +1,39 @@
-//! The messages on the pipes between the agent and its task launcher
-//! (`agent/python/astro_launcher.py`): each a 4-byte big-endian length, then that many bytes of
-//! JSON (the default framing of [`LengthDelimitedCodec`]). The launcher is a child process that
-//! may die mid-frame or misbehave, so reading never trusts the length: one above
-//! [`MAX_MESSAGE`] is refused before any body is read or allocated.
+//! The messages between the task host and its pre-forked Python launcher
+//! (`agent/python/astro_launcher.py`), on the launcher's stdin and stdout, framed as
+//! [`crate::frames`] says.
 
-use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
-use std::io::{Error, ErrorKind};
 use std::path::Path;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
-/// The protocol's messages are a few hundred bytes (ids and paths).
-pub const MAX_MESSAGE: usize = 1024 * 1024;
-
-/// Agent → launcher: start the task whose workload is in `workload`.
+/// Task host → launcher: start the task of `workload` (Airflow's workload, as JSON).
 #[derive(Debug, Serialize)]
 pub struct LaunchRequest<'a> {
     pub id: &'a str,
-    pub workload: &'a Path,
-    /// Where the task's stdout and stderr go.
-    pub output: &'a Path,
-    /// The file whose creation decides who runs the task (see [`crate::task_spawner`]).
-    pub claim: &'a Path,
+    /// The task host's pid: the task waits until it is its parent, then dies with it.
+    pub host: u32,
+    /// In the request, not in a file: a file would be readable by every other task (they run
+    /// as the same user), and the request only passes through processes that are not dumpable.
+    pub workload: &'a serde_json::Value,
+    /// Where the task's stdout and stderr go; the task removes the name once it has opened it.
+    /// None for a fresh interpreter, which has it as stdout and stderr already.
+    pub output: Option<&'a Path>,
+    /// The file whose creation decides who runs the task (see [`super::task_spawner`]);
+    /// none for a fresh interpreter, which the task host starts for this one task only.
+    pub claim: Option<&'a Path>,
 }
 
-/// Launcher → agent.
+/// Launcher → task host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum LauncherMessage {
     /// Once, when the launcher has imported Airflow and takes requests.
     Ready,
-    /// A spare process exists: the agent reaps it when it exits unused.
+    /// A spare process exists: the task host reaps it when it exits unused.
     Spare { pid: i32 },
     /// The task of request `id` runs as `pid`.
     Started { id: String, pid: i32 },
     /// The launcher could not start the task of request `id`.
     Failed { id: Option<String>, error: String },
-}
-
-pub type Requests<W> = FramedWrite<W, LengthDelimitedCodec>;
-pub type Replies<R> = FramedRead<R, LengthDelimitedCodec>;
-
-fn codec() -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .max_frame_length(MAX_MESSAGE)
-        .new_codec()
-}
-
-pub fn requests<W: AsyncWrite>(pipe: W) -> Requests<W> {
-    FramedWrite::new(pipe, codec())
-}
-
-pub fn replies<R: AsyncRead>(pipe: R) -> Replies<R> {
-    FramedRead::new(pipe, codec())
-}
-
-pub async fn send<W: AsyncWrite + Unpin>(
-    out: &mut Requests<W>,
-    message: &impl Serialize,
-) -> std::io::Result<()> {
-    out.send(Bytes::from(serde_json::to_vec(message)?)).await
-}
-
-/// The next message. The end of the pipe is an error too: the agent reads only while it
-/// expects an answer.
-pub async fn receive<R: AsyncRead + Unpin>(
-    input: &mut Replies<R>,
-) -> std::io::Result<LauncherMessage> {
-    let frame = input
-        .next()
-        .await
-        .ok_or_else(|| Error::from(ErrorKind::UnexpectedEof))??;
-    serde_json::from_slice(&frame).map_err(|e| Error::new(ErrorKind::InvalidData, e))
 }
 
 /// Arbitrary frames: every read ends in a message or an error, never a panic or a wait for a
@@ -82,7 +42,9 @@ pub async fn receive<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use crate::frames::{reader as replies, receive, send, writer as requests, MAX_MESSAGE};
     use proptest::prelude::*;
+    use std::io::{Error, ErrorKind};
 
     fn block_on<F: std::future::Future>(future: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
@@ -97,7 +59,7 @@ mod fuzz {
             let mut input = replies(bytes);
             let mut messages = Vec::new();
             loop {
-                match receive(&mut input).await {
+                match receive::<LauncherMessage, _>(&mut input).await {
                     Ok(message) => messages.push(message),
                     Err(e) => return (messages, e),
                 }

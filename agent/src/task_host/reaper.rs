@@ -196,8 +196,8 @@ impl Reaper {
 pub(crate) mod tests {
     use super::*;
     use crate::config::LaunchMode;
-    use crate::prefork_launcher::tests::{prefork_in, ready};
-    use crate::task_process::Exit;
+    use crate::task_host::prefork_launcher::tests::{prefork_in, ready};
+    use crate::task_host::task_process::Exit;
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     use std::time::Duration;
