@@ -160,7 +160,7 @@ impl Agent {
 
 /// The `astro-agent` that cargo built for the agent's integration tests (it builds a package's
 /// binaries for its integration tests only).
-fn agent_binary() -> PathBuf {
+pub fn agent_binary() -> PathBuf {
     // Cargo 1.94 and later name it in the test's environment; earlier ones put it in the
     // folder above the test executable's `deps/`.
     if let Some(path) = std::env::var_os("CARGO_BIN_EXE_astro-agent") {

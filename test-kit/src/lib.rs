@@ -16,6 +16,7 @@ pub mod keda;
 pub mod port;
 pub mod raw_http;
 pub mod server;
+pub mod task_host_process;
 pub mod temp_dir;
 
 pub use child_guard::ChildGuard;

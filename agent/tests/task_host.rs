@@ -1,0 +1,231 @@
+//! The agent and its task host in two "containers": the task host in a PID namespace of its
+//! own, listening on a socket (`astro-agent task-host --socket`), the agent connecting with
+//! `--task-host-socket`; and the failures that shape can have — the agent restarting while a
+//! task runs, the task host dying, a process of the task host's own container connecting.
+
+use nix::sys::signal::Signal;
+use std::path::Path;
+use std::time::Duration;
+use test_kit::agent_process::{start_agent, Agent};
+use test_kit::fake_edge_api::{FakeAirflow, State};
+use test_kit::task_host_process::{start_task_host, TaskHostProcess};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const T: Duration = Duration::from_secs(30);
+
+fn states<'a>(s: &'a State, job: &str) -> &'a [String] {
+    s.states.get(job).map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn ended(s: &State, job: &str, state: &str) -> bool {
+    states(s, job).last().is_some_and(|last| last == state)
+}
+
+async fn agent_on(fake: &FakeAirflow, dir: &Path, socket: &Path) -> Agent {
+    start_agent(fake, dir, &["--task-host-socket", socket.to_str().unwrap()]).await
+}
+
+/// Waits until the task host listens on `socket`.
+async fn listening(host: &TaskHostProcess, socket: &Path) {
+    for _ in 0..1000 {
+        if socket.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "no socket at {}; task host log:\n{}",
+        socket.display(),
+        host.log()
+    );
+}
+
+#[tokio::test]
+async fn tasks_run_in_a_task_host_of_another_pid_namespace() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/task-host.sock");
+    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
+    listening(&host, &socket).await;
+    let agent = agent_on(&fake, dir.path(), &socket).await;
+    fake.add_job("ok", 0.2, 0);
+    fake.add_job("fails", 0.0, 3);
+    agent
+        .until(&fake, "both jobs reported", T, |s| {
+            ended(s, "ok", "success") && ended(s, "fails", "failed")
+        })
+        .await;
+    let log = fake.with(|s| s.logs.get("ok").cloned().unwrap_or_default());
+    assert!(
+        log.contains("task done"),
+        "the task's log is shipped from the shared folder: {log}"
+    );
+    assert!(host.log().contains("an agent connected"), "{}", host.log());
+}
+
+#[tokio::test]
+async fn a_process_of_the_task_hosts_own_namespace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("task-host.sock");
+    // The same PID namespace as this test: to the task host, the test is one of its tasks.
+    let host = start_task_host(&socket, &dir.path().join("host.log"), false);
+    listening(&host, &socket).await;
+    let mut stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let hello = br#"{"type":"hello","protocol":1,"settings":{"python":"python3","execution_api_url":"http://x/","worker_name":"w","log_folder":"/tmp","mode":"fresh","slots":1,"task_env_allow":[]}}"#;
+    let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(hello);
+    let _ = stream.write_all(&frame).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(T, stream.read_to_end(&mut answer)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "closed without a word: {answer:?}"
+    );
+    assert!(
+        host.log()
+            .contains("refused a connection from a process of this container"),
+        "{}",
+        host.log()
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_agent_takes_over_the_running_task() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("task-host.sock");
+    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
+    listening(&host, &socket).await;
+    let first = agent_on(&fake, dir.path(), &socket).await;
+    fake.add_job("long", 3.0, 0);
+    first
+        .until(&fake, "the job running", T, |s| {
+            states(s, "long").iter().any(|st| st == "running")
+        })
+        .await;
+    // The agent container restarts: SIGKILL, nothing reported.
+    first.signal(Signal::SIGKILL);
+    drop(first);
+    let second = agent_on(&fake, dir.path(), &socket).await;
+    second
+        .until(&fake, "the job reported by the new agent", T, |s| {
+            ended(s, "long", "success")
+        })
+        .await;
+    assert!(
+        second.log().contains("taking over a task"),
+        "{}",
+        second.log()
+    );
+    let log = fake.with(|s| s.logs.get("long").cloned().unwrap_or_default());
+    assert!(log.contains("task done"), "{log}");
+}
+
+#[tokio::test]
+async fn tasks_of_a_task_host_that_died_are_reported_failed_and_work_goes_on() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("task-host.sock");
+    let mut host = start_task_host(&socket, &dir.path().join("host.log"), true);
+    listening(&host, &socket).await;
+    let agent = agent_on(&fake, dir.path(), &socket).await;
+    fake.add_job("cut", 60.0, 0);
+    agent
+        .until(&fake, "the job running", T, |s| {
+            states(s, "cut").iter().any(|st| st == "running")
+        })
+        .await;
+    host.kill().await;
+    // The Pod restarts the tasks container: a new task host on the same socket.
+    let _restarted = start_task_host(&socket, &dir.path().join("host2.log"), true);
+    agent
+        .until(&fake, "the lost job reported failed", T, |s| {
+            ended(s, "cut", "failed")
+        })
+        .await;
+    let log = fake.with(|s| s.logs.get("cut").cloned().unwrap_or_default());
+    assert!(
+        log.contains("the task host no longer knows this task"),
+        "the reason is in the task log: {log}"
+    );
+    fake.add_job("after", 0.0, 0);
+    agent
+        .until(&fake, "the next job runs", T, |s| {
+            ended(s, "after", "success")
+        })
+        .await;
+}
+
+/// The pids of `pid`'s children.
+fn children(pid: u32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        found.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_child_task_host_that_died_is_replaced_and_its_tasks_reported_failed() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&fake, dir.path(), &[]).await;
+    fake.add_job("cut", 60.0, 0);
+    agent
+        .until(&fake, "the job running", T, |s| {
+            states(s, "cut").iter().any(|st| st == "running")
+        })
+        .await;
+    let host = children(agent.child.id().unwrap());
+    assert_eq!(host.len(), 1, "one child, the task host: {host:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(host[0]), Signal::SIGKILL).unwrap();
+    agent
+        .until(&fake, "the lost job reported failed", T, |s| {
+            ended(s, "cut", "failed")
+        })
+        .await;
+    let log = fake.with(|s| s.logs.get("cut").cloned().unwrap_or_default());
+    assert!(
+        log.contains("the task host (started by the agent) exited"),
+        "{log}"
+    );
+    fake.add_job("after", 0.0, 0);
+    agent
+        .until(&fake, "the next job runs", T, |s| {
+            ended(s, "after", "success")
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn install_copies_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("bin");
+    let status = std::process::Command::new(test_kit::agent_process::agent_binary())
+        .arg("install")
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let copied = target.join("astro-agent");
+    let version = std::process::Command::new(&copied)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&version.stdout).starts_with("astro-agent "),
+        "{version:?}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&copied).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+}
