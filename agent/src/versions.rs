@@ -1,14 +1,16 @@
 //! The Airflow and edge-provider versions the worker reports. Airflow refuses to register a
 //! worker whose versions differ from its own, so by default they are what the task host's
-//! Python has installed; a flag overrides each (the tasks' image needs no Edge provider, so
-//! its version may have to be given).
+//! Python has installed; a flag overrides each. The tasks' image needs no Edge provider: when
+//! it has none and no flag names it, the version is learnt from Airflow's answer to the
+//! registration (see [`crate::registration`]).
 
 use crate::config::ConfigError;
 use crate::task_host_protocol::DetectedVersions;
 
 pub struct Versions {
     pub airflow: String,
-    pub edge_provider: String,
+    /// None: to be learnt from Airflow.
+    pub edge_provider: Option<String>,
 }
 
 /// The versions to report: the flags where given, else what the task host detected.
@@ -29,9 +31,7 @@ pub fn resolve(
     let airflow = airflow
         .or_else(|| detected.airflow.clone())
         .ok_or_else(|| missing("--airflow-version", "apache-airflow"))?;
-    let edge_provider = edge_provider
-        .or_else(|| detected.edge_provider.clone())
-        .ok_or_else(|| missing("--edge-provider-version", "apache-airflow-providers-edge3"))?;
+    let edge_provider = edge_provider.or_else(|| detected.edge_provider.clone());
     Ok(Versions {
         airflow,
         edge_provider,
@@ -51,26 +51,27 @@ mod tests {
         };
         let v = resolve(&detected, None, Some("5.0.0".into())).unwrap();
         assert_eq!(
-            (v.airflow.as_str(), v.edge_provider.as_str()),
+            (
+                v.airflow.as_str(),
+                v.edge_provider.as_deref().unwrap_or_default()
+            ),
             ("3.3.2", "5.0.0")
         );
     }
 
     #[test]
-    fn a_missing_version_names_its_flag_and_why() {
+    fn a_missing_airflow_names_its_flag_and_an_edge_provider_is_left_to_learn() {
         let no_edge = DetectedVersions {
             airflow: Some("3.3.2".into()),
             edge_provider: None,
             problem: None,
         };
-        let e = resolve(&no_edge, None, None).err().unwrap();
-        assert_eq!(e.flag, "--edge-provider-version");
-        assert!(
-            e.problem.contains("apache-airflow-providers-edge3"),
-            "{}",
-            e.problem
-        );
-        assert!(resolve(&no_edge, None, Some("5.1.0".into())).is_ok());
+        assert_eq!(resolve(&no_edge, None, None).unwrap().edge_provider, None);
+        let e = resolve(&DetectedVersions::default(), None, None)
+            .err()
+            .unwrap();
+        assert_eq!(e.flag, "--airflow-version");
+        assert!(e.problem.contains("apache-airflow"), "{}", e.problem);
         let failed = DetectedVersions {
             problem: Some("No such file or directory".into()),
             ..DetectedVersions::default()

@@ -3,9 +3,14 @@
 use airflow::edge_types::{HeartbeatAnswer, SysInfo, WorkerState, WorkerStateBody};
 use std::sync::Mutex;
 
+/// What an unknown Edge provider version is reported as until Airflow names its own: a valid
+/// version (Airflow parses it when a minimum is configured) that matches no release.
+const UNKNOWN_EDGE_PROVIDER: &str = "0.0.0";
+
 pub struct WorkerStatus {
     airflow_version: String,
-    edge_provider_version: String,
+    /// None until learnt from Airflow (see [`crate::registration`]).
+    edge_provider_version: Mutex<Option<String>>,
     inner: Mutex<Inner>,
 }
 
@@ -27,17 +32,26 @@ impl WorkerStatus {
     pub fn new(
         queues: Vec<String>,
         airflow_version: String,
-        edge_provider_version: String,
+        edge_provider_version: Option<String>,
     ) -> Self {
         WorkerStatus {
             airflow_version,
-            edge_provider_version,
+            edge_provider_version: Mutex::new(edge_provider_version),
             inner: Mutex::new(Inner {
                 queues,
                 maintenance: false,
                 maintenance_comments: None,
             }),
         }
+    }
+
+    /// Whether the Edge provider version is still to be learnt from Airflow.
+    pub fn edge_provider_unknown(&self) -> bool {
+        self.edge_provider_version.lock().unwrap().is_none()
+    }
+
+    pub fn learn_edge_provider_version(&self, version: String) {
+        *self.edge_provider_version.lock().unwrap() = Some(version);
     }
 
     pub fn queues(&self) -> Vec<String> {
@@ -78,7 +92,12 @@ impl WorkerStatus {
             queues: inner.queues.clone(),
             sysinfo: SysInfo {
                 airflow_version: self.airflow_version.clone(),
-                edge_provider_version: self.edge_provider_version.clone(),
+                edge_provider_version: self
+                    .edge_provider_version
+                    .lock()
+                    .unwrap()
+                    .clone()
+                    .unwrap_or_else(|| UNKNOWN_EDGE_PROVIDER.to_string()),
                 concurrency,
                 free_concurrency: free,
             },
@@ -138,7 +157,7 @@ mod tests {
     use super::*;
 
     fn status() -> WorkerStatus {
-        WorkerStatus::new(vec!["default".into()], "3.3.2".into(), "5.1.0".into())
+        WorkerStatus::new(vec!["default".into()], "3.3.2".into(), Some("5.1.0".into()))
     }
 
     fn answer(state: WorkerState) -> HeartbeatAnswer {
