@@ -248,6 +248,9 @@ def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
         assert "tmp" not in {m["name"] for m in tasks["volumeMounts"]}
         # Processes stay apart: a task cannot reach the agent through /proc.
         assert "shareProcessNamespace" not in spec
+        # kubectl logs/exec without -c reach the agent.
+        annotations = r.get("Deployment", w["deployment"])["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["kubectl.kubernetes.io/default-container"] == "agent"
 
 
 def test_tasks_container_defaults(chart):
