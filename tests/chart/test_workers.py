@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from conftest import CHART, KUBE_VERSION, VALID_SCENARIOS, container, effective, env_of, load_values, scenario
+from conftest import CHART, KUBE_VERSION, ROOT, VALID_SCENARIOS, container, effective, env_of, load_values, scenario
 
 AGENT_PORT = 39091
 BIN_DIR = "/opt/astro-agent/bin"
@@ -260,6 +260,9 @@ def test_tasks_container_defaults(chart):
     d = r.get("Deployment", "astro-worker-default")
     tasks = container(d, "tasks")
     assert tasks["image"] == "apache/airflow:3.3.2"
+    # The Airflow the other stages run tasks with.
+    tested = re.search(r"^apache-airflow==(\S+)$", (ROOT / "tests" / "requirements-airflow.txt").read_text(), re.M)
+    assert tested and tasks["image"] == f"apache/airflow:{tested.group(1)}"
     assert env_of(container(d, "agent"))["ASTRO_AGENT_PYTHON"]["value"] == "python3"
     assert tasks["securityContext"] == {
         "runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
