@@ -65,9 +65,9 @@ init container, so users no longer build an image joining the two.
 {{- end -}}
 
 {{/*
-The init container that copies the agent binary into the emptyDir astro-agent-bin, from the
-agent image (the binary's path there is the image's; the install subcommand copies the running
-binary, so the copy always matches the agent container's). (dict "w" $w "ctx" $root)
+The init container that copies the agent binary into the emptyDir astro-agent-bin. It runs the
+agent image (whose binary is /usr/local/bin/astro-agent), and `install` copies the running
+binary: the task host is always the very build of the agent that drives it. (dict "w" $w "ctx" $root)
 */}}
 {{- define "astro-agent.installAgentContainer" -}}
 - name: install-agent
