@@ -91,25 +91,28 @@ class Helm:
             env={**os.environ, "KUBECONFIG": os.devnull},
         )
 
-    def template_args(self, values_files, sets=()):
-        args = ["template", RELEASE, ".", "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
+    def template_args(self, values_files, sets=(), kube_version=KUBE_VERSION):
+        """`helm template` for the given Kubernetes version; None: the version helm assumes."""
+        args = ["template", RELEASE, ".", "--namespace", NAMESPACE]
+        if kube_version is not None:
+            args += ["--kube-version", kube_version]
         for f in values_files:
             args += ["-f", str(f)]
         for s in sets:
             args += ["--set", s]
         return args
 
-    def render(self, *values_files, sets=()):
-        key = (tuple(map(str, values_files)), tuple(sets))
+    def render(self, *values_files, sets=(), kube_version=KUBE_VERSION):
+        key = (tuple(map(str, values_files)), tuple(sets), kube_version)
         if key not in self._cache:
-            proc = self.run(*self.template_args(values_files, sets))
+            proc = self.run(*self.template_args(values_files, sets, kube_version))
             assert proc.returncode == 0, f"helm template failed:\n{proc.stderr}"
             docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
             self._cache[key] = Rendered(docs)
         return self._cache[key]
 
-    def render_error(self, *values_files, sets=()):
-        proc = self.run(*self.template_args(values_files, sets))
+    def render_error(self, *values_files, sets=(), kube_version=KUBE_VERSION):
+        proc = self.run(*self.template_args(values_files, sets, kube_version))
         assert proc.returncode != 0, "helm template succeeded but should have refused the values"
         return proc.stderr
 
@@ -280,7 +283,10 @@ def effective(name):
 
 
 def container(deploy, name):
-    found = [c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    """A Pod's container by name, an app or an init container (the worker's `tasks` sidecar and
+    `install-agent` are init containers)."""
+    spec = deploy["spec"]["template"]["spec"]
+    found = [c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name]
     assert len(found) == 1
     return found[0]
 

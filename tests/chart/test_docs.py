@@ -11,6 +11,10 @@ def test_notes_tell_how_to_check_the_scaling_objects(chart):
     assert f"kubectl get scaledobject -n {NAMESPACE}" in notes
     assert "kubectl describe scaledobject" in notes and "astro-worker-etl" in notes
     assert "kubectl create token" in notes and "--as=system:serviceaccount:keda-system:keda-operator-sa" in notes
+    # Each worker's tasks image, and where its tasks' output goes.
+    notes = chart.notes(scenario("mixed"))
+    assert "prod-worker-pinned  queues=pinned" in notes and "tasks=registry.local/data/airflow:3.3.2-dags" in notes
+    assert f"kubectl logs -n {NAMESPACE} deployment/prod-worker-default -c tasks" in notes
     notes = chart.notes(scenario("hpa"))
     assert f"kubectl get hpa -n {NAMESPACE}" in notes
     assert f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/deployments.apps/astro-worker-default-worker/astro_agent_client_queued_or_running_tasks" in notes

@@ -25,6 +25,11 @@ WORKER_CASES = {
     "nested": ({"keda": {"fallback": {"behavior": "sometimes"}}}, "/keda/fallback/behavior': value must be one of"),
     "queues": ({"queues": 7}, "/queues': 'oneOf' failed"),
     "unknown-key": ({"syncslots": 4}, "': additional properties 'syncslots' not allowed"),
+    "tasks-image": ({"tasks": {"image": {"pullPolicy": "Sometimes"}}}, "/tasks/image/pullPolicy': value must be one of"),
+    "tasks-unknown-key": ({"tasks": {"extraVolumes": []}}, "/tasks': additional properties 'extraVolumes' not allowed"),
+    # Tasks inherit only names the agent's allowlist can hold.
+    "tasks-env-name": ({"tasks": {"env": [{"name": "team.bucket", "value": "b"}]}},
+                       "/tasks/env/0/name': 'team.bucket' does not match pattern"),
 }
 
 # Every {value, existingSecret} setting, as a path of keys.

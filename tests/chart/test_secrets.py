@@ -1,5 +1,6 @@
 """Connection settings from existing Secrets or from values turned into a Secret: the agent reads
-them through secret references or as files, and no value shows outside a Secret."""
+them through secret references or as files, in its own container only (the tasks container, where
+tasks run, gets none), and no value shows outside a Secret."""
 
 import base64
 
@@ -81,21 +82,89 @@ def test_credentials_reach_the_agent_as_files_never_as_variables(chart, name):
         assert set(by_path) == {env[var]["value"].rsplit("/", 1)[1] for var in given}
 
 
-def test_tasks_inherit_the_workers_own_variables_and_the_listed_ones(chart):
+def _worker_deployments(r):
+    return [d for d in r.all("Deployment") if d["spec"]["template"]["metadata"]["labels"].get("component") == "worker"]
+
+
+def test_tasks_inherit_the_tasks_containers_variables_and_the_listed_ones(chart):
     r = chart.render(scenario("hpa"), sets=[
-        "workerDefaults.env[0].name=TEAM_BUCKET", "workerDefaults.env[0].value=b",
+        "workerDefaults.tasks.env[0].name=TEAM_BUCKET", "workerDefaults.tasks.env[0].value=b",
+        # Passed by the agent's built-in allowlist already (AIRFLOW_*), so not listed: the agent
+        # refuses a list naming one of Airflow's server secrets.
+        "workerDefaults.tasks.env[1].name=AIRFLOW__CORE__FERNET_KEY", "workerDefaults.tasks.env[1].value=f",
+        "workerDefaults.tasks.env[2].name=AIRFLOW_CONN_WAREHOUSE", "workerDefaults.tasks.env[2].value=c",
+        # The agent container's variables are its own: they no longer join the list.
+        "workerDefaults.env[0].name=AGENT_ONLY", "workerDefaults.env[0].value=a",
         "workerDefaults.env[1].name=ASTRO_AGENT_HEARTBEAT_INTERVAL", "workerDefaults.env[1].value=10s",
         "workerDefaults.taskEnvAllow[0]=AWS_*",
     ])
-    for deploy in r.all("Deployment"):
-        if deploy["spec"]["template"]["metadata"]["labels"].get("component") != "worker":
-            continue
+    for deploy in _worker_deployments(r):
         env = env_of(container(deploy, "agent"))
         assert env["ASTRO_AGENT_TASK_ENV_ALLOW"]["value"] == "AWS_*,TEAM_BUCKET"
-    r = chart.render(scenario("hpa"))
-    for deploy in r.all("Deployment"):
-        if deploy["spec"]["template"]["metadata"]["labels"].get("component") == "worker":
-            assert "ASTRO_AGENT_TASK_ENV_ALLOW" not in env_of(container(deploy, "agent"))
+        assert env["AGENT_ONLY"]["value"] == "a" and "TEAM_BUCKET" not in env
+        tasks_env = env_of(container(deploy, "tasks"))
+        assert tasks_env["TEAM_BUCKET"]["value"] == "b" and "AGENT_ONLY" not in tasks_env
+    r = chart.render(scenario("hpa"), sets=["workerDefaults.env[0].name=AGENT_ONLY", "workerDefaults.env[0].value=a"])
+    for deploy in _worker_deployments(r):
+        assert "ASTRO_AGENT_TASK_ENV_ALLOW" not in env_of(container(deploy, "agent"))
+
+
+def test_the_agents_settings_are_refused_in_the_tasks_container(chart):
+    err = chart.render_error(scenario("hpa"), sets=[
+        "workers[0].tasks.env[0].name=ASTRO_AGENT_PYTHON", "workers[0].tasks.env[0].value=python3"])
+    assert "workers[0].tasks.env[0] is ASTRO_AGENT_PYTHON: the agent's settings go in workers[0].env" in err, err
+
+
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_the_tasks_container_holds_no_credential(chart, name):
+    """No ASTRO_AGENT_* variable, no secret reference the chart made, no volume but the shared
+    emptyDirs, its own /tmp and what the values mount there themselves; the agent's env, envFrom
+    and extra mounts stay in the agent container."""
+    _, workers = effective(name)
+    r = chart.render(scenario(name))
+    for w in workers:
+        deploy = r.get("Deployment", w["deployment"])
+        spec = deploy["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["initContainers"]:
+            if c["name"] == "tasks":
+                env = c.get("env", [])
+                assert not [e for e in env if e["name"].startswith("ASTRO_AGENT_")]
+                # Exactly TMPDIR and the values' tasks.env: no secretKeyRef of the chart's.
+                assert env == [{"name": "TMPDIR", "value": "/tmp"}, *w["tasks"]["env"]]
+                assert c.get("envFrom", []) == w["tasks"]["envFrom"]
+                own = {m["name"] for m in w["tasks"]["extraVolumeMounts"]}
+                for m in c["volumeMounts"]:
+                    assert m["name"] != "airflow-credentials"
+                    if m["name"] not in own:
+                        assert volumes[m["name"]] == {"name": m["name"], "emptyDir": {}}, m
+            else:
+                # install-agent: the binary and nothing else.
+                assert [m["name"] for m in c["volumeMounts"]] == ["astro-agent-bin"] and "env" not in c
+
+
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_credentials_and_the_agents_settings_are_in_the_agent_container_only(chart, name):
+    values, workers = effective(name)
+    r = chart.render(scenario(name))
+    for w in workers:
+        deploy = r.get("Deployment", w["deployment"])
+        agent = container(deploy, "agent")
+        env = env_of(agent)
+        for var in [*SECRET_ENV, *SECRET_FILES]:
+            if var in env:
+                for other in deploy["spec"]["template"]["spec"]["initContainers"]:
+                    assert var not in env_of(other), (other["name"], var)
+        if values["airflow"]["restApi"]["url"]:
+            assert env["ASTRO_AGENT_REST_API_URL"]["value"] == values["airflow"]["restApi"]["url"]
+        for e in w["env"]:
+            assert env[e["name"]] == e
+        assert agent.get("envFrom", []) == w["envFrom"]
+        mounted = {m["name"] for m in agent["volumeMounts"]}
+        assert {m["name"] for m in w["extraVolumeMounts"]} <= mounted
+        for other in deploy["spec"]["template"]["spec"]["initContainers"]:
+            names = {m["name"] for m in other["volumeMounts"]}
+            assert not names & ({"airflow-credentials", "airflow-ca"} | {m["name"] for m in w["extraVolumeMounts"]})
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)

@@ -1,14 +1,22 @@
-"""The workers: a Deployment and a metrics Service per `workers` entry, the agent's Pod spec, its
-drain deadline, replicas only without an autoscaler, and the log format."""
+"""The workers: a Deployment and a metrics Service per `workers` entry, the Pod's three containers
+(install-agent, the tasks sidecar, the agent), its drain deadline, replicas only without an
+autoscaler, and the log format."""
 
 import re
 
 import pytest
 import yaml
 
-from conftest import CHART, VALID_SCENARIOS, container, effective, env_of, load_values, scenario
+from conftest import CHART, KUBE_VERSION, ROOT, VALID_SCENARIOS, container, effective, env_of, load_values, scenario
 
 AGENT_PORT = 39091
+BIN_DIR = "/opt/astro-agent/bin"
+TASK_HOST_DIR = "/run/astro-agent"
+SOCKET = f"{TASK_HOST_DIR}/task-host.sock"
+
+
+def _image(img, default_tag):
+    return f"{img['repository']}@{img['digest']}" if img["digest"] else f"{img['repository']}:{img['tag'] or default_tag}"
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)
@@ -78,9 +86,12 @@ def test_worker_pod_spec(chart, name):
         assert spec["securityContext"]["runAsNonRoot"] is True
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in spec["volumes"]}
-        for path in ("/tmp", w["logFolder"]):
+        for path in ("/tmp", w["logFolder"], TASK_HOST_DIR):
             assert "emptyDir" in volumes[mounts[path]], path
         assert env["ASTRO_AGENT_LOG_FOLDER"]["value"] == w["logFolder"]
+        # The agent runs no task: it drives the task host in the tasks container.
+        assert env["ASTRO_AGENT_TASK_HOST_SOCKET"]["value"] == SOCKET
+        assert env["ASTRO_AGENT_PYTHON"]["value"] == w["tasks"]["python"]
         assert env["ASTRO_AGENT_LOG_FORMAT"]["value"] == w["logFormat"]
         for extra in w["extraVolumeMounts"]:
             assert mounts[extra["mountPath"]] == extra["name"]
@@ -89,9 +100,8 @@ def test_worker_pod_spec(chart, name):
 
         # Image: repository + tag (default appVersion), never a vendor registry.
         chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-        tag = w["image"]["tag"] or chart_meta["appVersion"]
-        assert c["image"] == f"{w['image']['repository']}:{tag}"
-        assert c["imagePullPolicy"] == "IfNotPresent"
+        assert c["image"] == _image(w["image"], chart_meta["appVersion"])
+        assert c["imagePullPolicy"] == w["image"]["pullPolicy"]
 
         # Scheduling knobs pass through.
         for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
@@ -180,3 +190,118 @@ def test_logs_are_json_by_default_and_text_per_worker_or_for_the_sentinel(chart,
     for key in ("workerDefaults.logFormat", "workers[0].logFormat", "sentinel.logFormat"):
         err = chart.render_error(scenario("keda-static"), sets=[f"{key}=xml"])
         assert "logFormat" in err and "text" in err and "json" in err, err
+
+
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
+    """install-agent copies the binary from the agent image into astro-agent-bin; the tasks
+    container (a native sidecar) runs it as the task host in the user's Airflow image; the agent
+    reaches the task host over the socket on task-host; both see the logs at logFolder."""
+    _, workers = effective(name)
+    r = chart.render(scenario(name))
+    chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    for w in workers:
+        spec = r.get("Deployment", w["deployment"])["spec"]["template"]["spec"]
+        assert [c["name"] for c in spec["initContainers"]] == ["install-agent", "tasks"]
+        assert [c["name"] for c in spec["containers"]] == ["agent"]
+        install, tasks = spec["initContainers"]
+        (agent,) = spec["containers"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for v in ("astro-agent-bin", "task-host", "logs", "tasks-tmp", "tmp"):
+            assert volumes[v] == {"name": v, "emptyDir": {}}, v
+
+        # install-agent: the agent image, its restricted security context, small, run to completion.
+        assert install["image"] == agent["image"] == _image(w["image"], chart_meta["appVersion"])
+        assert install["command"] == ["/usr/local/bin/astro-agent", "install", BIN_DIR]
+        assert "restartPolicy" not in install and "args" not in install
+        assert install["volumeMounts"] == [{"name": "astro-agent-bin", "mountPath": BIN_DIR}]
+        assert install["securityContext"] == w["containerSecurityContext"]
+        assert install["securityContext"]["readOnlyRootFilesystem"] is True
+        assert install["resources"]["limits"]["memory"] == "64Mi" and "env" not in install
+
+        # tasks: a native sidecar, so it outlives the draining agent.
+        t = w["tasks"]
+        assert tasks["restartPolicy"] == "Always"
+        assert tasks["image"] == _image(t["image"], None)
+        assert tasks["imagePullPolicy"] == t["image"]["pullPolicy"]
+        assert tasks["command"] == [f"{BIN_DIR}/astro-agent", "task-host", "--socket", SOCKET]
+        assert "args" not in tasks and "ports" not in tasks
+        assert tasks["env"] == [{"name": "TMPDIR", "value": "/tmp"}, *t["env"]]
+        assert tasks.get("envFrom", []) == t["envFrom"]
+        assert tasks["resources"] == t["resources"]
+        assert tasks["securityContext"] == t["containerSecurityContext"]
+        assert tasks["volumeMounts"] == [
+            {"name": "astro-agent-bin", "mountPath": BIN_DIR, "readOnly": True},
+            {"name": "task-host", "mountPath": TASK_HOST_DIR},
+            {"name": "logs", "mountPath": w["logFolder"]},
+            {"name": "tasks-tmp", "mountPath": "/tmp"},
+            *t["extraVolumeMounts"],
+        ]
+        for m in t["extraVolumeMounts"]:
+            assert m["name"] in volumes
+
+        # agent: the socket and the logs on the same volumes as the tasks container's.
+        agent_mounts = {m["name"]: m for m in agent["volumeMounts"]}
+        assert agent_mounts["task-host"] == {"name": "task-host", "mountPath": TASK_HOST_DIR}
+        assert agent_mounts["logs"] == {"name": "logs", "mountPath": w["logFolder"]}
+        assert "astro-agent-bin" not in agent_mounts and "tasks-tmp" not in agent_mounts
+        assert "tmp" not in {m["name"] for m in tasks["volumeMounts"]}
+        # Processes stay apart: a task cannot reach the agent through /proc.
+        assert "shareProcessNamespace" not in spec
+        # kubectl logs/exec without -c reach the agent.
+        annotations = r.get("Deployment", w["deployment"])["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["kubectl.kubernetes.io/default-container"] == "agent"
+
+
+def test_tasks_container_defaults(chart):
+    """The official Airflow image at the version the project tests, python3 from its PATH, a
+    restricted context whose root filesystem stays writable (Airflow writes under AIRFLOW_HOME)."""
+    r = chart.render(scenario("defaults"))
+    d = r.get("Deployment", "astro-worker-default")
+    tasks = container(d, "tasks")
+    assert tasks["image"] == "apache/airflow:3.3.2"
+    # The Airflow the other stages run tasks with.
+    tested = re.search(r"^apache-airflow==(\S+)$", (ROOT / "tests" / "requirements-airflow.txt").read_text(), re.M)
+    assert tested and tasks["image"] == f"apache/airflow:{tested.group(1)}"
+    assert env_of(container(d, "agent"))["ASTRO_AGENT_PYTHON"]["value"] == "python3"
+    assert tasks["securityContext"] == {
+        "runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert tasks["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    # A digest wins over the tag; an image with neither is refused (the chart's appVersion is
+    # the agent's, no Airflow tag).
+    r = chart.render(scenario("defaults"), sets=["workerDefaults.tasks.image.digest=sha256:" + "a" * 64])
+    assert container(r.get("Deployment", "astro-worker-default"), "tasks")["image"] == "apache/airflow@sha256:" + "a" * 64
+    err = chart.render_error(scenario("defaults"), sets=["workerDefaults.tasks.image.tag="])
+    assert "workers[0].tasks.image has neither a tag nor a digest" in err, err
+
+
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_no_service_account_token_in_any_container(chart, name):
+    _, workers = effective(name)
+    r = chart.render(scenario(name))
+    for w in workers:
+        spec = r.get("Deployment", w["deployment"])["spec"]["template"]["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec.get("serviceAccountName") == (w["serviceAccountName"] or None)
+    assert any(w["serviceAccountName"] for w in workers) or name != "mixed"
+
+
+def test_no_service_account_token_with_or_without_an_account(chart):
+    for sets in ([], ["workerDefaults.serviceAccountName=tasks-identity"]):
+        spec = chart.render(scenario("defaults"), sets=sets).get("Deployment", "astro-worker-default")["spec"]["template"]["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec.get("serviceAccountName") == ("tasks-identity" if sets else None)
+
+
+def test_kubernetes_before_native_sidecars_is_refused(chart):
+    """Before 1.29 the tasks container would be a plain init container (the Pod never starts)
+    or, as an app container, be stopped with the agent: helm refuses such clusters."""
+    for old in ("1.28.15", "1.25.0"):
+        err = chart.render_error(scenario("defaults"), kube_version=old)
+        assert f"chart requires kubeVersion: >=1.29.0-0 which is incompatible with Kubernetes v{old}" in err, err
+    for new in ("1.29.0", KUBE_VERSION):
+        assert chart.render(scenario("defaults"), kube_version=new).all("Deployment")
+    # Without --kube-version helm assumes the version of its own Kubernetes client, recent enough.
+    assert chart.render(scenario("defaults"), kube_version=None).all("Deployment")

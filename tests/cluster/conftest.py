@@ -188,7 +188,8 @@ def release_factory(control_plane, keda):
 
 def chart_values(airflow, **sentinel) -> dict:
     """The values every release of this stage shares: Airflow's addresses and credentials as
-    a user would give them, and pods that run the agent with the test Airflow's Python."""
+    a user would give them, and pods whose tasks container runs the test Airflow's Python (the
+    stand-in's image ``airflow``, see ``stage.start_nodes``)."""
     from harness.airflow_stack import PASSWORD, USERNAME
 
     return {
@@ -204,14 +205,22 @@ def chart_values(airflow, **sentinel) -> dict:
         },
         "sentinel": {"enabled": True, "refreshInterval": "1s", **sentinel},
         "workerDefaults": {
-            # The "image" is this machine: the agent finds Airflow's task SDK and the DAGs here.
             "env": [
-                {"name": "ASTRO_AGENT_PYTHON", "value": str(airflow.python)},
-                {"name": "AIRFLOW__CORE__DAGS_FOLDER", "value": str(airflow.dags_folder)},
-                {"name": "AIRFLOW_HOME", "value": "/tmp/airflow-home"},
                 {"name": "ASTRO_AGENT_HEARTBEAT_INTERVAL", "value": "5s"},
                 {"name": "ASTRO_AGENT_IDLE_FETCH_INTERVAL", "value": "1s"},
             ],
+            # The tasks' "image" is this machine: the task host finds Airflow's task SDK in the
+            # test Airflow's venv and the DAGs here.
+            "tasks": {
+                "python": str(airflow.python),
+                "env": [
+                    {"name": "AIRFLOW__CORE__DAGS_FOLDER", "value": str(airflow.dags_folder)},
+                    {"name": "AIRFLOW_HOME", "value": "/tmp/airflow-home"},
+                ],
+                # Small, so that the workers' `resources` alone size a Pod, as the scenarios that
+                # fill their Nodes expect.
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+            },
             "logFolder": str(WORK / "pod-logs"),
             "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
             "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 2},

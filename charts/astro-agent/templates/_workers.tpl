@@ -27,7 +27,7 @@ would make `keda.enabled: false` or `minReplicaCount: 0` in a worker entry lose 
 The resolved worker list: each `workers` entry merged over `workerDefaults`, validated, and
 completed with derived fields. Returns JSON {"workers": [...]}; templates read it with fromJson.
 Derived fields: deploymentName, queueList, mode ("keda" | "hpa" | "fixed"), drainTimeoutSeconds,
-hpaTarget (HPA averageValue), fallbackReplicas.
+taskEnvAllowList (ASTRO_AGENT_TASK_ENV_ALLOW), hpaTarget (HPA averageValue), fallbackReplicas.
 Every refusal names the key and the fix.
 */}}
 {{- define "astro-agent.workers" -}}
@@ -87,6 +87,27 @@ Every refusal names the key and the fix.
 {{- $drain := div $grace 2 -}}
 {{- if ge $grace (mul 2 $margin) -}}{{- $drain = sub $grace $margin -}}{{- end -}}
 {{- $_ := set $w "drainTimeoutSeconds" $drain -}}
+
+{{- /* The tasks container. Its image is the user's Airflow: the chart's appVersion (the agent's)
+       is no tag for it. Its env must hold none of the agent's settings, which carry credentials. */ -}}
+{{- if not (or $w.tasks.image.tag $w.tasks.image.digest) -}}
+{{- fail (printf "workers[%d].tasks.image has neither a tag nor a digest: give the tag of the Airflow image the tasks run in, e.g. tasks.image.tag: \"3.3.2\"" $i) -}}
+{{- end -}}
+{{- /* Tasks inherit an allowlist of the tasks container's variables: the agent's built-in one,
+       taskEnvAllow, and the names the chart sets there (tasks.env). AIRFLOW_* names are left out:
+       the built-in list passes them already, and the agent refuses to start when the list names
+       one of the Airflow server secrets it never passes (the Fernet key, the JWT secret, ...). */ -}}
+{{- $allow := $w.taskEnvAllow | default list -}}
+{{- range $j, $e := $w.tasks.env | default list -}}
+{{- $n := toString (default "" $e.name) -}}
+{{- if hasPrefix "ASTRO_AGENT_" $n -}}
+{{- fail (printf "workers[%d].tasks.env[%d] is %s: the agent's settings go in workers[%d].env (the agent container); the tasks container gets none of them" $i $j $n $i) -}}
+{{- end -}}
+{{- if not (hasPrefix "AIRFLOW_" $n) -}}
+{{- $allow = append $allow $n -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $w "taskEnvAllowList" (uniq $allow) -}}
 
 {{- $keda := $w.keda.enabled -}}
 {{- $hpa := $w.hpa.enabled -}}

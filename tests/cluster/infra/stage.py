@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.airflow_stack import AirflowStack
+from harness.airflow_stack import AirflowStack, airflow_venv
 from harness.procs import Daemon, wait_for
 
 from infra.control_plane import ADDRESS, ControlPlane
@@ -82,11 +82,17 @@ def start_service_hosts(work: Path, control_plane: ControlPlane) -> Daemon:
 
 
 def start_nodes(work: Path, control_plane: ControlPlane, cluster: Cluster) -> Daemon:
-    """The kubelet stand-in running the general and the dedicated Nodes; waits until all are Ready."""
+    """The kubelet stand-in running the general and the dedicated Nodes; waits until all are Ready.
+
+    Images: the agent and the Sentinel are their release binaries; the workers' tasks image
+    (``apache/airflow`` by default, matched by its last component) is the test Airflow's venv,
+    whose Python runs the tasks (``chart_values`` sets it as ``tasks.python``). The venv is the one
+    ``start_airflow`` uses (built once, under a lock, by whichever asks first)."""
     args = [sys.executable, "-m", "standin",
             "--kubeconfig", str(control_plane.kubeconfig), "--workdir", str(work / "nodes"),
             "--image", f"astro-agent={os.environ['ASTRO_AGENT_BIN']}",
-            "--image", f"astro-sentinel={os.environ['ASTRO_SENTINEL_BIN']}"]
+            "--image", f"astro-sentinel={os.environ['ASTRO_SENTINEL_BIN']}",
+            "--image", f"airflow={airflow_venv() / 'bin' / 'python'}"]
     for node in GENERAL_NODES:
         args += ["--node", f"{node}:{GENERAL_CAPACITY}"]
     for namespace in DEDICATED:
