@@ -8,12 +8,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// One line per package: its version, or nothing when it is not installed.
-const DETECT: &str = "import importlib.metadata as m\n\
-for name in ('apache-airflow', 'apache-airflow-providers-edge3'):\n\
-    try:\n\
-        print(m.version(name))\n\
-    except m.PackageNotFoundError:\n\
-        print()";
+const DETECT: &str = r#"
+import importlib.metadata as m
+for name in ("apache-airflow", "apache-airflow-providers-edge3"):
+    try:
+        print(m.version(name))
+    except m.PackageNotFoundError:
+        print()
+"#;
 
 /// Runs the probe with `python` and the tasks' environment `env`: its start-up (`.pth` files,
 /// `sitecustomize`) may run code of the image, so it sees no more than a task.
@@ -105,6 +107,14 @@ mod tests {
         assert!(seen.contains("LANG=C.UTF-8"), "{seen}");
         // The test process's own variables (HOME, CARGO_*...) are not passed on.
         assert!(!seen.contains("CARGO") && !seen.contains("HOME="), "{seen}");
+    }
+
+    #[tokio::test]
+    async fn a_real_python_without_airflow_runs_the_probe_and_finds_neither() {
+        let path = [("PATH".into(), std::env::var_os("PATH").unwrap())];
+        let v = detect(Path::new("python3"), &path).await;
+        assert_eq!(v.problem, None, "the probe itself runs");
+        assert_eq!((v.airflow, v.edge_provider), (None, None));
     }
 
     #[tokio::test]
