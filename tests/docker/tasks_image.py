@@ -58,6 +58,7 @@ CONFIG = [
 # What a task never imports, and that would only make the image bigger.
 STDLIB_SKIPPED = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip"}
 STDLIB_SKIPPED_PREFIXES = ("config-",)  # the static library and Makefile for building extensions
+STDLIB_SKIPPED_MODULES = ("_tkinter",)  # tkinter's extension: it would bring X11's libraries
 
 
 def _edge_provider(path: str) -> bool:
@@ -265,7 +266,8 @@ def _assemble(venv: Path, py: dict, out: Path) -> None:
 
         def stdlib_skip(path: str) -> bool:
             rel = os.path.relpath(path, stdlib).split(os.sep)
-            return rel[0] in STDLIB_SKIPPED or rel[0].startswith(STDLIB_SKIPPED_PREFIXES)
+            return (rel[0] in STDLIB_SKIPPED or rel[0].startswith(STDLIB_SKIPPED_PREFIXES)
+                    or rel[0] == "lib-dynload" and rel[-1].startswith(STDLIB_SKIPPED_MODULES))
 
         tar.tree(f"{PREFIX}/lib/python{version}", stdlib, skip=stdlib_skip)
 
@@ -295,8 +297,8 @@ def _assemble(venv: Path, py: dict, out: Path) -> None:
         # to /usr/local/lib (found through the cache ldconfig makes below); the rest keep their
         # host paths.
         elf = [Path(py["executable"])]
-        for root in (stdlib / "lib-dynload", venv):
-            elf += [p for p in root.rglob("*.so*") if p.is_file() and not _edge_provider(str(p))]
+        elf += [p for p in (stdlib / "lib-dynload").glob("*.so") if not stdlib_skip(str(p))]
+        elf += [p for p in venv.rglob("*.so*") if p.is_file() and not _edge_provider(str(p))]
         libraries, missing = _libraries(elf)
         if missing:
             print(f"tasks image: libraries ldd did not find (their modules fail on the host too): {sorted(missing)}")
