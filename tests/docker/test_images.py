@@ -38,8 +38,8 @@ TOKEN = "docker-test-token"
 
 
 @pytest.mark.parametrize("name", ["astro-sentinel", "astro-agent"])
-def test_the_binaries_are_static(name, static_sentinel, static_agent):
-    binary = {"astro-sentinel": static_sentinel, "astro-agent": static_agent}[name]
+def test_the_binaries_are_static(name, request):
+    binary = request.getfixturevalue(f"static_{name.removeprefix('astro-')}")
     assert not has_interpreter(binary), "needs a dynamic loader: not usable FROM scratch"
     out = subprocess.run([str(binary), "--version"], check=True, stdout=subprocess.PIPE, text=True).stdout
     assert out.startswith(f"{name} ")
