@@ -17,7 +17,8 @@ path ``ldd`` resolves it to on this machine, with the symbolic links on the way 
 The tarball is cached under ``$ASTRO_CACHE_DIR/tasks-image/``, keyed by what goes into it:
 this file, the venv (its path holds the requirements' hash; its completion marker's time),
 the interpreter, and the machine's installed packages (the libraries). A later run only
-imports it (``podman import``).
+imports it (``podman import``, 10-18 s on 2 busy cores). Assembling it takes 5-9 s (a 430 MB
+tar; the venv is the bulk of it), once the Airflow venv exists.
 """
 
 from __future__ import annotations
