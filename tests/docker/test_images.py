@@ -29,7 +29,6 @@ import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from podman_harness import AGENT_IMAGE, REPO, SENTINEL_IMAGE, has_interpreter

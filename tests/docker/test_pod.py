@@ -29,7 +29,9 @@ for them through ``/proc``, open files, command lines, every file outside the im
 the secrets folder and each other's work files. Asserted, in both launch modes: each task ran
 (state ``success`` in Airflow, its log shipped through the Edge API), found no secret, read
 something (so an empty search cannot pass), imported no Edge provider (the image has none), and
-saw no agent process; and from outside, the tasks container's ``/proc`` holds no agent process.
+saw no agent process, and could read none of the other task's work files; from outside, the
+tasks container's ``/proc`` holds no agent process. The control: with the secrets volume
+mounted into the tasks container as well, the same hunt finds the JWT secret and its tasks fail.
 At the end a SIGTERM to the agent container drains the agent (PID 1 there) to exit 0.
 
 Cost (``time bash tests/run.sh docker``, 2 cores under load, load average about 11, release
@@ -42,12 +44,12 @@ venv not yet cached (shared with the e2e stage) adds about 1 min.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import stat
-import time
 import urllib.request
 from pathlib import Path
 
@@ -98,7 +100,9 @@ class WorkerPod:
     """One worker pod: init step, tasks container, agent container; :meth:`remove` undoes it all."""
 
     def __init__(self, podman, stack: AirflowStack, name: str, folder: Path, launch_mode: str,
-                 canaries: dict[str, str]):
+                 canaries: dict[str, str], secrets_in_tasks: bool = False):
+        """``secrets_in_tasks`` mounts the agent's secrets volume into the tasks container too:
+        the mistake the hunt must catch."""
         self.podman, self.stack, self.name = podman, stack, name
         self.port = free_port()
         self.bin = _volume(folder / "bin")
@@ -115,6 +119,7 @@ class WorkerPod:
         self.env_file.write_text(f"AGENT_ENV_FROM_CANARY={canaries['env_from']}\n")
         self.env_file.chmod(0o600)
         self.launch_mode = launch_mode
+        self.secrets_in_tasks = secrets_in_tasks
         self.canaries = canaries
         # The tasks container's env: the Airflow configuration tasks read (the chart's tasks.env).
         self.tasks_env = ["-e", f"AIRFLOW__CORE__DAGS_FOLDER={DAGS_IN_POD}", "-e", "AIRFLOW__CORE__LOAD_EXAMPLES=False",
@@ -132,6 +137,7 @@ class WorkerPod:
         p("run", "-d", "--pod", self.name, "--name", self.tasks, *self.hardened,
           "-v", f"{self.bin}:{BIN}:ro", "-v", f"{self.socket_dir}:{SOCKET_DIR}", "-v", f"{self.logs}:{LOG_FOLDER}",
           "-v", f"{self.tasks_tmp}:/tmp", "-v", f"{DAGS}:{DAGS_IN_POD}:ro", *self.tasks_env,
+          *(["-v", f"{self.secrets}:{SECRETS}:ro"] if self.secrets_in_tasks else []),
           "--entrypoint", f"{BIN}/astro-agent", TASKS_IMAGE, "task-host", "--socket", SOCKET)
         socket_file = self.socket_dir / Path(SOCKET).name
         wait_for(lambda: self.check_running(self.tasks) or (socket_file.exists() and stat.S_ISSOCK(socket_file.stat().st_mode)),
@@ -209,14 +215,21 @@ class WorkerPod:
         self.podman("pod", "rm", "--force", "--time", "10", self.name, check=False, timeout=120)
 
 
-@pytest.mark.parametrize("mode", ["prefork", "fresh"])
-def test_no_task_in_the_pod_reaches_the_agents_secrets(podman, agent_image, tasks_image, airflow, tmp_path, mode):
-    canaries = {
+def _canaries(airflow: AirflowStack) -> dict[str, str]:
+    return {
         "jwt_secret": airflow.jwt_secret,  # the agent signs every task's token with it
         "env": "env-" + secrets.token_urlsafe(32),
         "env_from": "envfrom-" + secrets.token_urlsafe(32),
     }
-    pod = WorkerPod(podman, airflow, f"pod-{mode}", tmp_path / "pod", mode, canaries)
+
+
+@contextlib.contextmanager
+def hunt_in_a_pod(podman, airflow: AirflowStack, folder: Path, mode: str, **pod_options):
+    """Starts a worker pod, runs the hunt DAG on it to its end; yields (pod, run id, run state,
+    task instances by id, task logs by id). Then drains the agent (asserting it exits 0),
+    removes the pod and makes the run harmless."""
+    canaries = _canaries(airflow)
+    pod = WorkerPod(podman, airflow, f"pod-{folder.name}", folder / "pod", mode, canaries, **pod_options)
     run = None
     try:
         pod.start()
@@ -227,6 +240,24 @@ def test_no_task_in_the_pod_reaches_the_agents_secrets(podman, agent_image, task
         state = airflow.client.wait_run(DAG, run, timeout=360)
         logs = {t: airflow.client.task_log_text(DAG, run, t) for t in TASKS}
         tis = {ti["task_id"]: ti for ti in airflow.client.task_instances(DAG, run)}
+        yield pod, run, state, tis, logs
+    finally:
+        if run is not None:
+            try:
+                airflow.abandon_run(DAG, run)
+            except Exception as e:  # keep tearing down
+                print(f"could not clean up {run}: {e}")
+        try:
+            if pod.state(pod.agent).get("Running"):
+                exit_code = pod.stop_agent()
+                assert exit_code == 0, f"the agent did not drain to exit 0:\n{pod.logs_of(pod.agent)}"
+        finally:
+            pod.remove()
+
+
+@pytest.mark.parametrize("mode", ["prefork", "fresh"])
+def test_no_task_in_the_pod_reaches_the_agents_secrets(podman, agent_image, tasks_image, airflow, tmp_path, mode):
+    with hunt_in_a_pod(podman, airflow, tmp_path, mode) as (pod, run, state, tis, logs):
         assert state == "success", (f"tis: { {t: ti['state'] for t, ti in tis.items()} }\n"
                                     + "\n".join(f"== {t}: {_found_line(log)}\n{log[-4000:]}" for t, log in logs.items())
                                     + "\n" + pod.all_logs())
@@ -253,24 +284,28 @@ def test_no_task_in_the_pod_reaches_the_agents_secrets(podman, agent_image, task
             assert f"{BIN}/astro-agent" in read
             assert any(p.startswith(f"{LOG_FOLDER}/") for p in read), read
             assert "/etc/passwd" in read
+            # The other task is named only by its log and its processes' titles: none of its
+            # work files (its workload holds its Execution API token) is readable.
+            partner_files = [p for p in summary["partner_seen_in"]
+                             if not p.startswith(f"{LOG_FOLDER}/") and not re.fullmatch(r"/proc/\d+/cmdline", p)]
+            assert partner_files == [], partner_files
             # PID 1 is the task host; no process the task sees is the agent.
             argvs = {p["pid"]: p.get("argv", []) for p in summary["processes"]}
             assert argvs[1][:2] == [f"{BIN}/astro-agent", "task-host"], argvs[1]
             assert not [a for a in argvs.values() if _is_agent(a)], argvs
         seen = pod.processes_seen_by_tasks()
         assert seen and not [a for a in seen if _is_agent(a)], seen
-    finally:
-        if run is not None:
-            try:
-                airflow.abandon_run(DAG, run)
-            except Exception as e:  # keep tearing down
-                print(f"could not clean up {run}: {e}")
-        try:
-            if pod.state(pod.agent).get("Running"):
-                exit_code = pod.stop_agent()
-                assert exit_code == 0, f"the agent did not drain to exit 0:\n{pod.logs_of(pod.agent)}"
-        finally:
-            pod.remove()
+
+
+def test_the_hunt_finds_a_secret_mounted_into_the_tasks_container(podman, agent_image, tasks_image, airflow,
+                                                                  tmp_path):
+    """The control: with the agent's secrets volume mounted into the tasks container as well,
+    the same hunt finds the JWT secret and fails its tasks, so a clean hunt above means something."""
+    with hunt_in_a_pod(podman, airflow, tmp_path, "prefork", secrets_in_tasks=True) as (pod, run, state, tis, logs):
+        assert state == "failed"
+        for task_id in TASKS:
+            assert tis[task_id]["state"] == "failed", tis[task_id]
+            assert f"canary #0 in {SECRETS}/jwt-secret" in _found_line(logs[task_id]), logs[task_id][-3000:]
 
 
 def _is_agent(argv: list[str]) -> bool:
