@@ -28,18 +28,19 @@ the tasks' tokens with). The DAG (dags/docker_canary_hunt.py) runs two tasks at 
 for them through ``/proc``, open files, command lines, every file outside the image's software,
 the secrets folder and each other's work files. Asserted, in both launch modes: each task ran
 (state ``success`` in Airflow, its log shipped through the Edge API), found no secret, read
-something (so an empty search cannot pass), imported no Edge provider (the image has none), and
-saw no agent process, and could read none of the other task's work files; from outside, the
+something (so an empty search cannot pass), imported no Edge provider (the image has none),
+saw no agent process and could read none of the other task's work files; from outside, the
 tasks container's ``/proc`` holds no agent process. The control: with the secrets volume
 mounted into the tasks container as well, the same hunt finds the JWT secret and its tasks fail.
 At the end a SIGTERM to the agent container drains the agent (PID 1 there) to exit 0.
 
-Cost (``time bash tests/run.sh docker``, 2 cores under load, load average about 11, release
-build up to date): 2 min 26 s warm, with the tasks image's tarball cached; 2 min 27 s cold,
-without it (assembling it takes 5-9 s, within the noise). Of that: Airflow's start 36-40 s, the
-tasks image's import 10-18 s (vfs copies its 430 MB), each pod 20-50 s from trigger to
-``success``, and the teardown about 35 s (Airflow's daemons 16 s, the podman storage). An Airflow
-venv not yet cached (shared with the e2e stage) adds about 1 min.
+Cost (``time bash tests/run.sh docker``, 2 cores shared with a CI run, release build up to
+date): about 3 min, warm or cold — 3 min 08 s warm (the tasks image's tarball cached; load
+average 14.5), 2 min 57 s cold (without it; load 7-12): assembling the tarball takes 5-9 s,
+within the noise. Of that: Airflow's start 36-40 s, the tasks image's import 10-18 s (vfs copies
+its 430 MB), each pod 20-50 s from trigger to ``success`` (the control about 17 s), and the
+teardown about 35 s (Airflow's daemons 16 s, the podman storage). An Airflow venv not yet cached
+(shared with the e2e stage) adds about 1 min.
 """
 
 from __future__ import annotations
