@@ -13,7 +13,9 @@
 #   e2e     the agent and the Sentinel against a real Airflow 3 on PostgreSQL, Prometheus
 #   keda    KEDA's own scaler code and validation against the chart and a live Sentinel
 #   demo    the demo in its short mode, the local scaler's rules, README reference vs --help
-#   docker  the Sentinel image built FROM scratch with podman; the agent Dockerfile's checks
+#   docker  the Sentinel and agent images built FROM scratch with podman; a worker pod (agent
+#           and a tasks container from an Airflow image without astro-agent) against a real
+#           Airflow 3, whose tasks hunt for the agent's secrets
 #   cluster the chart, agent and Sentinel on a real Kubernetes control plane with KEDA's
 #           operator, Prometheus and prometheus-adapter (only the kubelet is stood in for)
 # An unknown stage name exits 2 and lists the valid ones.
@@ -132,7 +134,7 @@ stage_demo() {
   pytest tests/demo
 }
 stage_docker() {
-  step "container images (podman: Sentinel FROM scratch; agent Dockerfile checks)"
+  step "container images (podman: Sentinel and agent FROM scratch; the worker pod against a real Airflow)"
   pytest tests/docker
 }
 stage_cluster() {

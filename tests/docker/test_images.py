@@ -1,22 +1,19 @@
-"""The container images in docker/, as far as a machine without a registry allows.
+"""The container images in docker/, built for real with podman (nothing is pulled: every stage
+they build is ``FROM scratch``; see conftest.py for podman and the static binaries).
 
-Sentinel (built for real): the static astro-sentinel (glibc, ``+crt-static``) every stage runs —
-``$ASTRO_SENTINEL_BIN`` from the test command's one release build (tests/lib/cargo-target.sh), else
-built here with the same flags — then ``podman build`` runs docker/sentinel/Dockerfile with
-``--build-arg BINARY_FROM=context`` (nothing is pulled: every stage it builds is ``FROM
-scratch``). Checks: user ``65532:65532``, entrypoint ``/usr/local/bin/astro-sentinel``, no
-command, the image holds the one binary (no shell); then the container runs on the host network
-against an in-test fake of Airflow's REST API reached by a host name (``/etc/hosts``, glibc's
-built-in ``files`` module) and by a name that only an in-test DNS server on 127.0.0.1:53
-knows (``/etc/resolv.conf``, the built-in ``dns`` module), and serves the backlog.
+Both images ship one static binary (glibc, ``+crt-static``) — ``$ASTRO_SENTINEL_BIN`` /
+``$ASTRO_AGENT_BIN`` from the test command's one release build (tests/lib/cargo-target.sh), else
+built here with the same flags — taken with ``--build-arg BINARY_FROM=context``. Checks: the
+user, the entrypoint, no command, the image holds the one binary (no shell).
 
-Agent (not buildable here: its bases, the Rust image and apache/airflow, cannot be pulled):
-the Dockerfile is checked statically — bases pinned by exact version, the Airflow and edge3
-versions equal to the ones the end-to-end tests run, numeric non-root user, dumb-init as PID 1
-with ``--single-child`` in front of the agent.
+Sentinel: the container runs on the host network against an in-test fake of Airflow's REST API
+reached by a host name (``/etc/hosts``, glibc's built-in ``files`` module) and by a name that
+only an in-test DNS server on 127.0.0.1:53 knows (``/etc/resolv.conf``, the built-in ``dns``
+module), and serves the backlog.
 
-podman is installed with apt when missing (root). Images and containers live in a temp podman
-storage (``--root``) that is removed at the end.
+Agent: ``--version`` as the image's user, and ``install DIR`` (the worker Pod's init step)
+copies the binary into a volume. The agent at work in a Pod, beside a tasks container, is
+test_pod.py.
 """
 
 from __future__ import annotations
@@ -24,113 +21,30 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
+import stat
 import struct
 import subprocess
-import tarfile
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
+from podman_harness import AGENT_IMAGE, REPO, SENTINEL_IMAGE, has_interpreter
 
-REPO = Path(__file__).resolve().parents[2]
 TOKEN = "docker-test-token"
-IMAGE = "localhost/astro-sentinel:test"
 
 
-# ---- podman ---------------------------------------------------------------------------------
-
-
-def ensure_podman() -> str:
-    """podman, and runc: crun refuses hosts with cgroups in hybrid (v1 + v2) mode."""
-    missing = [p for p in ("podman", "runc") if not shutil.which(p)]
-    if missing:
-        if os.geteuid() != 0:
-            pytest.fail(f"missing {missing} and this is not root: apt-get install -y {' '.join(missing)}")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
-    path = shutil.which("podman")
-    assert path and shutil.which("runc"), "podman or runc still missing after apt-get install"
-    return path
-
-
-def run_limits() -> list[str]:
-    """``podman run`` sets RLIMIT_NOFILE/NPROC above ours by default, which an unprivileged
-    sandbox refuses; ask for what we have (processes: plenty for one server)."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return ["--ulimit", f"nofile={soft}:{hard}", "--ulimit", "nproc=4096:4096"]
-
-
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory):
-    binary = ensure_podman()
-    store = tmp_path_factory.mktemp("podman")
-    base = [binary, "--root", str(store / "root"), "--runroot", str(store / "run"),
-            "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
-            "--runtime", shutil.which("runc")]
-
-    def run(*args, check=True, timeout=600, **kw) -> subprocess.CompletedProcess:
-        result = subprocess.run([*base, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, timeout=timeout, **kw)
-        if check and result.returncode != 0:
-            pytest.fail(f"podman {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-        return result
-
-    yield run
-    run("rm", "--all", "--force", check=False)
-    run("rmi", "--all", "--force", check=False)
-    subprocess.run(["chmod", "-R", "u+rwX", str(store)], check=False)
-    shutil.rmtree(store, ignore_errors=True)
-
-
-# ---- the static binary ----------------------------------------------------------------------
-
-
-def has_interpreter(path: Path) -> bool:
-    """True when the ELF file has a PT_INTERP program header (it needs a dynamic loader)."""
-    data = path.read_bytes()
-    assert data[:4] == b"\x7fELF" and data[4] == 2, f"{path} is not a 64-bit ELF file"
-    phoff, = struct.unpack_from("<Q", data, 0x20)
-    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
-    return any(struct.unpack_from("<I", data, phoff + i * phentsize)[0] == 3 for i in range(phnum))
-
-
-@pytest.fixture(scope="module")
-def static_sentinel() -> Path:
-    given = os.environ.get("ASTRO_SENTINEL_BIN")
-    if given:
-        return Path(given)
-    built = subprocess.run(["bash", "-c", ". tests/lib/cache.sh && . tests/lib/cargo-target.sh && "
-                            "cargo build --release --locked -p astro-sentinel >&2 && "
-                            'echo "$ASTRO_RELEASE_DIR/astro-sentinel"'],
-                           cwd=REPO, check=True, stdout=subprocess.PIPE, text=True, timeout=3600)
-    return Path(built.stdout.strip())
-
-
-def test_the_sentinel_binary_is_static(static_sentinel):
-    assert not has_interpreter(static_sentinel), "needs a dynamic loader: not usable FROM scratch"
-    out = subprocess.run([str(static_sentinel), "--version"], check=True, stdout=subprocess.PIPE, text=True).stdout
-    assert out.startswith("astro-sentinel ")
+@pytest.mark.parametrize("name", ["astro-sentinel", "astro-agent"])
+def test_the_binaries_are_static(name, request):
+    binary = request.getfixturevalue(f"static_{name.removeprefix('astro-')}")
+    assert not has_interpreter(binary), "needs a dynamic loader: not usable FROM scratch"
+    out = subprocess.run([str(binary), "--version"], check=True, stdout=subprocess.PIPE, text=True).stdout
+    assert out.startswith(f"{name} ")
 
 
 # ---- the Sentinel image ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sentinel_image(podman, static_sentinel, tmp_path_factory) -> dict:
-    context = tmp_path_factory.mktemp("sentinel-context")
-    shutil.copy2(static_sentinel, context / "astro-sentinel")
-    podman("build", "--build-arg", "BINARY_FROM=context", "-f", str(REPO / "docker/sentinel/Dockerfile"),
-           "-t", IMAGE, str(context), timeout=900)
-    return json.loads(podman("image", "inspect", IMAGE).stdout)[0]
 
 
 def test_sentinel_image_user_and_entrypoint(sentinel_image):
@@ -142,15 +56,7 @@ def test_sentinel_image_user_and_entrypoint(sentinel_image):
 
 
 def test_sentinel_image_holds_only_the_binary(podman, sentinel_image, tmp_path):
-    cid = podman("create", IMAGE).stdout.strip()
-    try:
-        podman("export", "-o", str(tmp_path / "fs.tar"), cid)
-    finally:
-        podman("rm", cid, check=False)
-    with tarfile.open(tmp_path / "fs.tar") as tar:
-        files = sorted(m.name.lstrip("./") for m in tar.getmembers() if not m.isdir())
-    # The runtime may leave empty mount points for /etc/hosts and /etc/resolv.conf.
-    files = [f for f in files if f not in ("etc/hosts", "etc/resolv.conf", "etc/hostname", "run/.containerenv")]
+    files = podman.exported_files(SENTINEL_IMAGE, tmp_path / "fs.tar")
     assert files == ["usr/local/bin/astro-sentinel"], files
 
 
@@ -248,8 +154,8 @@ def test_sentinel_container_resolves_names_and_serves_the_backlog(podman, sentin
         extra = ["-v", f"{tmp_path / 'resolv.conf'}:/etc/resolv.conf:ro"]
     else:
         extra = ["--add-host", "airflow-by-hosts.test:127.0.0.1"]
-    cid = podman("run", "-d", "--network", "host", *run_limits(), "-v", f"{tmp_path}:/config:ro", *extra,
-                 "-e", f"ASTRO_SENTINEL_AIRFLOW_TOKEN={TOKEN}", IMAGE,
+    cid = podman("run", "-d", "--network", "host", "-v", f"{tmp_path}:/config:ro", *extra,
+                 "-e", f"ASTRO_SENTINEL_AIRFLOW_TOKEN={TOKEN}", SENTINEL_IMAGE,
                  "--config", "/config/config.yaml", "--listen", f"127.0.0.1:{port}").stdout.strip()
     try:
         deadline = time.monotonic() + 60
@@ -281,36 +187,51 @@ def test_sentinel_container_resolves_names_and_serves_the_backlog(podman, sentin
             dns.close()
 
 
-# ---- the agent's Dockerfile (static checks only) --------------------------------------------
+# ---- the agent image ------------------------------------------------------------------------
 
 
-def test_agent_dockerfile_matches_what_the_tests_run():
-    text = (REPO / "docker/agent/Dockerfile").read_text()
-    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
-    reqs = (REPO / "tests/requirements-airflow.txt").read_text()
-    airflow = re.search(r"^apache-airflow==(\S+)$", reqs, re.M).group(1)
-    edge = re.search(r"^apache-airflow-providers-edge3==(\S+)$", reqs, re.M).group(1)
-    assert re.fullmatch(rf"docker\.io/apache/airflow:{re.escape(airflow)}-python3\.\d+", args["AIRFLOW_IMAGE"])
-    assert args["EDGE_PROVIDER_VERSION"] == edge
-    assert re.fullmatch(r"docker\.io/library/rust:\d+\.\d+\.\d+-slim-\w+", args["RUST_IMAGE"])
-    stages = re.findall(r"^FROM (\S+)", text, re.M)
-    assert stages == ["${RUST_IMAGE}", "${AIRFLOW_IMAGE}"]
-    final = text[text.rindex("\nFROM "):]
-    users = re.findall(r"^USER (\S+)$", final, re.M)
-    assert users and users[-1] == "50000:0"
-    entry = json.loads(re.search(r"^ENTRYPOINT (.+)$", final, re.M).group(1))
-    assert entry == ["/usr/bin/dumb-init", "--single-child", "--", "/usr/local/bin/astro-agent"]
-    assert "COPY --from=build /out/astro-agent /usr/local/bin/astro-agent" in final
-    assert re.search(r"^CMD \[\]$", final, re.M)
+def test_agent_image_user_and_entrypoint(agent_image):
+    config = agent_image["Config"]
+    # The official Airflow image's user: the tasks container's, so the socket and the logs
+    # are shared by owner and group.
+    assert config["User"] == "50000:0"
+    assert config["Entrypoint"] == ["/usr/local/bin/astro-agent"]
+    assert not config.get("Cmd")
+    assert "39091/tcp" in config.get("ExposedPorts", {})
 
 
-def test_sentinel_dockerfile_final_stage():
-    text = (REPO / "docker/sentinel/Dockerfile").read_text()
+def test_agent_image_holds_only_the_binary(podman, agent_image, tmp_path):
+    files = podman.exported_files(AGENT_IMAGE, tmp_path / "fs.tar")
+    assert files == ["usr/local/bin/astro-agent"], files
+
+
+def test_agent_container_runs_as_its_user_and_installs_itself(podman, agent_image, static_agent, tmp_path):
+    version = podman("run", "--rm", AGENT_IMAGE, "--version").stdout
+    assert version == subprocess.run([str(static_agent), "--version"], check=True, stdout=subprocess.PIPE,
+                                     text=True).stdout
+    # The worker Pod's init step: the binary into a volume the tasks container runs it from.
+    # An emptyDir with the Pod's fsGroup 0: writable by group 0.
+    volume = tmp_path / "bin"
+    volume.mkdir()
+    os.chown(volume, 0, 0)
+    volume.chmod(0o2775)
+    podman("run", "--rm", "-v", f"{volume}:/opt/astro-agent/bin", AGENT_IMAGE, "install", "/opt/astro-agent/bin")
+    installed = volume / "astro-agent"
+    st = installed.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o755
+    assert st.st_uid == 50000, "not written by the image's user"
+    assert installed.read_bytes() == static_agent.read_bytes()
+
+
+@pytest.mark.parametrize("dockerfile, user", [("sentinel", "65532:65532"), ("agent", "50000:0")])
+def test_dockerfiles_final_stage_is_the_binary_on_scratch(dockerfile, user):
+    text = (REPO / f"docker/{dockerfile}/Dockerfile").read_text()
     final = text[text.rindex("\nFROM "):]
     assert final.startswith("\nFROM scratch\n")
-    assert re.search(r"^USER 65532:65532$", final, re.M)
+    assert re.search(rf"^USER {user}$", final, re.M)
     assert "RUN " not in final
     assert re.search(r"crt-static", text)
+    assert re.search(r"^ARG BINARY_FROM=build$", text, re.M)
 
 
 def test_dockerignore_keeps_the_context_small():
