@@ -322,7 +322,7 @@ class PodWorker(ContainerSpecs, StatusReports):
 
     def _reap(self, c: Container, proc: Process) -> None:
         """Wait for a container's main process; what it leaves behind goes with it."""
-        returncode = proc.popen.wait()
+        returncode = proc.shim.wait()
         proc.kill_all()
         with self._cond:
             proc.finish(returncode)
