@@ -683,3 +683,52 @@ def test_a_volume_is_seen_only_by_the_containers_that_mount_it(standin, namespac
     assert "hunter2" not in seen[str(host_side)] and "Error" in seen[str(host_side)], seen
     assert "hunter2" not in files(8081)[str(host_side)]
     delete_and_record(api, namespace, "split")
+
+
+def test_sidecar_readiness_counts_toward_ready(standin, namespace):
+    """A sidecar's readiness probe holds the Pod's Ready back, app containers ready or not."""
+    api = standin
+    shared = [{"name": "shared", "mountPath": "/shared"}]
+    create_pod(api, namespace, "gated", [{"name": "main", "command": ["python", "-c", SLEEPER]}],
+               initContainers=[{"name": "side", "image": "registry.example/tools/python:3", "restartPolicy": "Always",
+                                "command": ["python", "-c", SLEEPER], "volumeMounts": shared,
+                                "readinessProbe": {"exec": {"command": ["test", "-e", "/shared/ready"]}, "periodSeconds": 1}}],
+               volumes=[{"name": "shared", "emptyDir": {}}], terminationGracePeriodSeconds=5)
+    wait_running_and_logged(api, namespace, "gated", "up")
+    pod = wait_for(lambda: events_of(api, namespace, "gated", "Unhealthy") and get_pod(api, namespace, "gated"), 30,
+                   "the sidecar's readiness probe failing")
+    assert condition(pod, "Ready") == "False" and condition(pod, "ContainersReady") == "False", pod["status"]
+    message = next(c["message"] for c in pod["status"]["conditions"] if c["type"] == "ContainersReady")
+    assert message == "containers with unready status: [side]", message
+    assert container_state(pod, "main")["ready"] is True and init_state(pod, "side")["ready"] is False
+    (volume_path(namespace, pod, "shared") / "ready").touch()
+    def ready():
+        pod = get_pod(api, namespace, "gated")
+        return pod if condition(pod, "Ready") == "True" else None
+
+    pod = wait_for(ready, 30, "the Pod Ready once its sidecar is")
+    assert init_state(pod, "side")["ready"] is True
+    delete_and_record(api, namespace, "gated")
+
+
+def test_a_failed_init_container_fails_a_never_pod_and_stops_its_sidecars(standin, namespace):
+    """Under restartPolicy Never a failed init container is not retried: the Pod fails, its app
+    container never starts, and the sidecar that already runs is stopped with SIGTERM."""
+    api = standin
+    create_pod(api, namespace, "broken", [{"name": "main", "command": ["python", "-c", SLEEPER]}],
+               initContainers=[
+                   {"name": "side", "image": "registry.example/tools/python:3", "restartPolicy": "Always",
+                    "command": ["python", "-c", ON_TERM.format(exit_on_term=True)], "startupProbe": HANDLES_SIGTERM},
+                   {"name": "setup", "image": "registry.example/tools/python:3", "command": ["python", "-c", "raise SystemExit(2)"]}],
+               restartPolicy="Never", terminationGracePeriodSeconds=5)
+
+    def failed():
+        pod = get_pod(api, namespace, "broken")
+        return pod if pod["status"].get("phase") == "Failed" and "terminated" in init_state(pod, "side")["state"] else None
+
+    pod = wait_for(failed, 30, "the Pod Failed and its sidecar stopped")
+    assert init_state(pod, "setup")["state"]["terminated"]["exitCode"] == 2 and init_state(pod, "setup")["restartCount"] == 0
+    assert init_state(pod, "side")["state"]["terminated"]["exitCode"] == 0, "the sidecar did not get SIGTERM"
+    assert container_state(pod, "main")["state"]["waiting"]["reason"] == "PodInitializing"
+    assert condition(pod, "Initialized") == "False"
+    delete_and_record(api, namespace, "broken")
