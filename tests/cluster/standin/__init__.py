@@ -34,7 +34,8 @@ Deviations from a real kubelet, on purpose:
   a container reaches only the volumes it mounts, at their mountPath (another container's
   mountPath shows the host's empty mount point). What is left: anything else on the host,
   including other stand-ins' Pod folders and the files of whatever started this one, stays
-  readable, and /dev/shm, /tmp (unless a volume covers it) and abstract Unix sockets are shared.
+  readable, and /tmp (unless a volume covers it), /dev/shm and System V IPC are the host's,
+  shared with every Pod.
 * No resource enforcement (no cgroups): capacity and allocatable are reported, resourceFieldRef
   is served, the scheduler uses them; nothing is limited.
 * A container's process is the child of a small shim (``exec_step.py``), the stand-in's child,
@@ -45,8 +46,8 @@ Deviations from a real kubelet, on purpose:
 * A restarted stand-in starts the Pods already bound to its nodes afresh (new sandbox and IP,
   restart counts from zero), as after a node reboot; Pods already Succeeded or Failed stay so.
 * Unsupported, reported in the containers' waiting state: hostNetwork/hostPID/hostIPC,
-  shareProcessNamespace, hostPort, and volumes other than emptyDir, hostPath, secret, configMap, downwardAPI and
-  projected (serviceAccountToken, secret, configMap, downwardAPI).
+  shareProcessNamespace, hostPort, and volumes other than emptyDir, hostPath, secret, configMap,
+  downwardAPI and projected (serviceAccountToken, secret, configMap, downwardAPI).
 * Not implemented: a per-Pod /etc/hosts or resolv.conf (containers see the node's), image pulls
   (every mapped image is "already present"), image updates of a running Pod, activeDeadlineSeconds,
   in-place resize, ephemeral containers, gRPC probes, the kubelet's HTTP API (no logs/exec through
