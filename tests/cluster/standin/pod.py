@@ -351,9 +351,9 @@ class PodWorker(ContainerSpecs, StatusReports):
     # -- reports: exits, probes
 
     def _reap(self, c: Container, proc: Process) -> None:
-        """Wait for a container's main process; what it leaves behind goes with it."""
+        """Wait for a container's shim: it exits after the init, once nothing of the container runs."""
         returncode = proc.shim.wait()
-        proc.kill_all()
+        proc.kill_all()  # a shim killed from outside leaves its init to its parent-death signal: make sure
         with self._cond:
             proc.finish(returncode)
             for probe in c.probes:
