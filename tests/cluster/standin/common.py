@@ -34,14 +34,19 @@ def micro_time(t: float | None = None) -> str:
     return datetime.fromtimestamp(time.time() if t is None else t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def pods_root(workdir: Path) -> Path:
+    """The folder of every Pod's folder (containers do not see it: it holds their volumes)."""
+    return Path(workdir) / "pods"
+
+
 def pod_dir(workdir: Path, namespace: str, pod: str, uid: str) -> Path:
     """The folder of one Pod: its containers' logs, its lifecycle log and its volumes."""
-    return Path(workdir) / "pods" / f"{namespace}_{pod}_{uid}"
+    return pods_root(workdir) / f"{namespace}_{pod}_{uid}"
 
 
 def _newest_pod_dir(workdir: Path, namespace: str, pod: str) -> Path:
     # Namespace and Pod names are DNS labels/subdomains: they never contain "_".
-    dirs = [d for d in (Path(workdir) / "pods").glob(f"{namespace}_{pod}_*") if d.name.count("_") == 2]
+    dirs = [d for d in pods_root(workdir).glob(f"{namespace}_{pod}_*") if d.name.count("_") == 2]
     if not dirs:
         raise FileNotFoundError(f"no Pod {namespace}/{pod} has run under {workdir}")
     return max(dirs, key=lambda d: d.stat().st_mtime)

@@ -16,7 +16,8 @@ from standin.pod_status import StatusReports
 from standin.probes import Probe, run_handler
 from standin.process import spawn_container
 from standin.sandbox import PodVolumes
-from standin.spec import ConfigError, Unsupported, image_name, unsupported_features
+from standin.spec import ConfigError, Unsupported, image_name, is_sidecar, unsupported_features
+from standin.termination import TerminationOrder
 
 if TYPE_CHECKING:
     from standin.common import Obj
@@ -51,11 +52,22 @@ class Container:
         return self.spec["name"]
 
     @property
+    def sidecar(self) -> bool:
+        return self.init and is_sidecar(self.spec)
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and not self.proc.done.is_set()
 
     @property
+    def succeeded(self) -> bool:
+        """Its last run has ended with exit code 0."""
+        return self.proc is not None and self.proc.done.is_set() and self.proc.exit_code == 0 and not self.proc.start_error
+
+    @property
     def ready(self) -> bool:
+        if self.init and not self.sidecar:
+            return self.succeeded  # the kubelet reports a completed init container as ready
         return self.running and self.started and (self.readiness_ok or "readinessProbe" not in self.spec)
 
 
@@ -185,8 +197,13 @@ class PodWorker(ContainerSpecs, StatusReports):
         elif (self._sandbox is not None or self._create_sandbox(pod)) and self._sync_volumes(pod):
             self._start_containers(pod)
             with self._cond:
-                done = self._all_done(pod)
-            if done:
+                finished = self._finished(pod)
+                leftovers = any(c.running or c.stopping for c in self._containers)
+            if finished:
+                if leftovers:  # the sidecars, or init containers of a Pod that has failed
+                    self._publish(pod)
+                    self._stop_all(pod, float(pod["spec"].get("terminationGracePeriodSeconds", 30)),
+                                   "the app containers have ended and none will restart", pre_stop=True)
                 self.log("all containers have finished and none will restart")
                 self._terminal = True
                 self._teardown()
@@ -222,15 +239,26 @@ class PodWorker(ContainerSpecs, StatusReports):
         return True
 
     def _start_containers(self, pod: Obj) -> None:
+        """The kubelet's init container rules, then the app containers: init containers start one
+        at a time in declaration order, each once the one before has completed (a regular one:
+        exit code 0) or started (a sidecar: its startupProbe passed, or its process runs). Once an
+        app container has run, the Pod is initialized: regular init containers never run again,
+        and sidecars are restarted whenever they end, whatever the restartPolicy, without holding
+        the app containers back."""
         policy = pod["spec"].get("restartPolicy", "Always")
+        initialized = any(c.proc is not None for c in self._containers if not c.init)
         for c in self._containers:
             if not c.init:
                 break
-            if c.running or c.stopping:
+            if c.sidecar:
+                if not c.running and not c.stopping:
+                    self._try_start(pod, c)
+                if initialized or c.running and c.started:
+                    continue
                 return
-            if c.proc is not None and c.proc.exit_code == 0 and not c.proc.start_error:
+            if initialized or c.succeeded:
                 continue
-            if c.proc is None or policy != "Never":
+            if not c.running and not c.stopping and (c.proc is None or policy != "Never"):
                 self._try_start(pod, c)
             return
         for c in self._containers:
@@ -244,11 +272,13 @@ class PodWorker(ContainerSpecs, StatusReports):
             return True
         return policy == "OnFailure" and (c.proc.exit_code != 0 or c.restart_after_kill)
 
-    def _all_done(self, pod: Obj) -> bool:
+    def _finished(self, pod: Obj) -> bool:
+        """No app container will run again: each has ended for good, or (restartPolicy Never) a
+        regular init container has failed. Whatever still runs (sidecars) is stopped then."""
         policy = pod["spec"].get("restartPolicy", "Always")
-        inits = [c for c in self._containers if c.init]
-        if policy == "Never" and any(c.proc and c.proc.done.is_set() and c.proc.exit_code != 0 for c in inits):
-            return not any(c.running or c.stopping for c in self._containers)
+        if policy == "Never" and any(c.init and not c.sidecar and c.proc is not None and c.proc.done.is_set()
+                                     and not c.succeeded for c in self._containers):
+            return True
         return all(not c.running and not c.stopping and c.proc is not None and not self._restarts(c, policy)
                    for c in self._containers if not c.init)
 
@@ -309,7 +339,7 @@ class PodWorker(ContainerSpecs, StatusReports):
         self.log(f"container {c.name}: started, pid {proc.pid}: {json.dumps(spec['argv'])[:300]}")
         with self._cond:
             for kind in ("startup", "liveness", "readiness"):
-                if f"{kind}Probe" in c.spec and not c.init:
+                if f"{kind}Probe" in c.spec and (not c.init or c.sidecar):
                     c.probes.append(Probe(self, c, proc, kind, c.spec[f"{kind}Probe"]))
         hook = (c.spec.get("lifecycle") or {}).get("postStart")
         if hook:
@@ -321,9 +351,9 @@ class PodWorker(ContainerSpecs, StatusReports):
     # -- reports: exits, probes
 
     def _reap(self, c: Container, proc: Process) -> None:
-        """Wait for a container's main process; what it leaves behind goes with it."""
-        returncode = proc.popen.wait()
-        proc.kill_all()
+        """Wait for a container's shim: it exits after the init, once nothing of the container runs."""
+        returncode = proc.shim.wait()
+        proc.kill_all()  # a shim killed from outside leaves its init to its parent-death signal: make sure
         with self._cond:
             proc.finish(returncode)
             for probe in c.probes:
@@ -377,10 +407,20 @@ class PodWorker(ContainerSpecs, StatusReports):
         threading.Thread(target=self._stop_container, args=(c, proc, self._grace_for(pod, c, probe_grace), message, True),
                          name=f"stop {c.name}", daemon=True).start()
 
-    def _stop_container(self, c: Container, proc: Process, grace: float, message: str, pre_stop: bool) -> None:
+    def _stop_container(self, c: Container, proc: Process, grace: float, message: str, pre_stop: bool,
+                        order: TerminationOrder | None = None) -> None:
         """Stop one container run as the kubelet's killContainer does: Killing event, preStop hook
-        (within the grace period), SIGTERM to the main process, SIGKILL to all of it once the rest
-        of the grace period (never under 2 s) has passed."""
+        (within the grace period), its turn in the Pod's termination order if the whole Pod stops,
+        SIGTERM to its init, SIGKILL (the whole PID namespace) once the rest of the grace period
+        (never under 2 s) has passed."""
+        try:
+            self._stop_run(c, proc, grace, message, pre_stop, order)
+        finally:
+            if order is not None:
+                order.ended(c.name)
+
+    def _stop_run(self, c: Container, proc: Process, grace: float, message: str, pre_stop: bool,
+                  order: TerminationOrder | None) -> None:
         with self._cond:
             c.stopping = True
             for probe in c.probes:
@@ -394,7 +434,13 @@ class PodWorker(ContainerSpecs, StatusReports):
             if not ok:
                 self.event("Warning", "FailedPreStopHook", f"PreStopHook failed: {output}", c)
             self.log(f"container {c.name}: preStop hook {'done' if ok else 'failed: ' + output} after {time.monotonic() - begin:.1f}s")
-        remaining = max(grace - int(time.monotonic() - begin), MIN_GRACE)
+        budget = grace - int(time.monotonic() - begin)
+        if order is not None and budget > 0 and (waiting_for := order.pending(c.name)):
+            self.log(f"container {c.name}: waits for {', '.join(waiting_for)} to stop before its SIGTERM (up to {budget:.0f}s)")
+            budget -= int(order.wait_for_turn(c.name, budget))  # whole seconds, as the kubelet counts them
+            late = order.pending(c.name)
+            self.log(f"container {c.name}: its turn to stop" + (f", although {', '.join(late)} still run" if late else ""))
+        remaining = max(budget, MIN_GRACE)
         with self._cond:
             c.stop_deadline = time.monotonic() + remaining
             if self._shutdown:
@@ -418,11 +464,10 @@ class PodWorker(ContainerSpecs, StatusReports):
             self._wake()
 
     def _terminate(self) -> None:
-        """Deletion, removal from the API, or the node stopping: stop every container in parallel,
-        tear the sandbox down, publish the final status and (on deletion) finish it with a DELETE."""
+        """Deletion, removal from the API, or the node stopping: stop every container, tear the
+        sandbox down, publish the final status and (on deletion) finish it with a DELETE."""
         with self._cond:
             pod, shutdown, removed = self._pod, self._shutdown, self._removed
-            self._stopping = True
             meta = pod["metadata"]
             if shutdown:
                 grace, why = self.node.machine.shutdown_grace, "the node is stopping"
@@ -430,22 +475,7 @@ class PodWorker(ContainerSpecs, StatusReports):
                 grace = float(meta["deletionGracePeriodSeconds"] if meta.get("deletionGracePeriodSeconds") is not None
                               else pod["spec"].get("terminationGracePeriodSeconds", 30))
                 why = "the Pod was removed from the API" if removed else f"deletion requested at {meta.get('deletionTimestamp')}"
-            running = [(c, c.proc) for c in self._containers if c.running and c.proc is not None]
-            for c in self._containers:
-                for probe in c.probes:
-                    probe.stop()
-                if c.stopping:
-                    c.stop_deadline = min(c.stop_deadline, time.monotonic() + max(grace, MIN_GRACE))
-        self.log(f"{why}: stopping {len(running)} container(s) with a grace period of {grace:.0f}s")
-        stops = [threading.Thread(target=self._stop_container, args=(c, p, grace, f"Stopping container {c.name}", not shutdown),
-                                  name=f"stop {c.name}", daemon=True) for c, p in running]
-        for t in stops:
-            t.start()
-        for t in stops:
-            t.join()
-        with self._cond:
-            while any(c.stopping for c in self._containers):  # a probe-triggered stop still under way
-                self._cond.wait()
+        self._stop_all(pod, grace, why, pre_stop=not shutdown)
         self._terminal = True
         self._teardown()
         if shutdown or removed or self._adopted_terminal and not meta.get("deletionTimestamp"):
@@ -455,6 +485,29 @@ class PodWorker(ContainerSpecs, StatusReports):
                 break
         if meta.get("deletionTimestamp"):
             self._delete()
+
+    def _stop_all(self, pod: Obj, grace: float, why: str, pre_stop: bool) -> None:
+        """Stop every running container, all within one grace period, in the kubelet's order: each
+        on its own thread at once, the sidecars' SIGTERM held back by the termination order."""
+        with self._cond:
+            self._stopping = True
+            running = [(c, c.proc) for c in self._containers if c.running and c.proc is not None]
+            order = TerminationOrder(pod["spec"], [c.name for c, _ in running])
+            for c in self._containers:
+                for probe in c.probes:
+                    probe.stop()
+                if c.stopping:
+                    c.stop_deadline = min(c.stop_deadline, time.monotonic() + max(grace, MIN_GRACE))
+        self.log(f"{why}: stopping {len(running)} container(s) with a grace period of {grace:.0f}s")
+        stops = [threading.Thread(target=self._stop_container, args=(c, p, grace, f"Stopping container {c.name}", pre_stop, order),
+                                  name=f"stop {c.name}", daemon=True) for c, p in running]
+        for t in stops:
+            t.start()
+        for t in stops:
+            t.join()
+        with self._cond:
+            while any(c.stopping for c in self._containers):  # a probe-triggered stop still under way
+                self._cond.wait()
 
     def _teardown(self) -> None:
         if self._sandbox is not None:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from standin.common import DEFAULT_PATH
+from standin.common import DEFAULT_PATH, pods_root
 from standin.spec import ConfigError, Unsupported, expand, field_value, resource_value, service_link_env
 
 if TYPE_CHECKING:
@@ -45,8 +45,11 @@ class ContainerSpecs:
             if not any(other in target.parents for other in targets):  # else it lives inside that volume
                 self.node.machine.mount_points.acquire(self.uid, target, m["file"])
         hostname = pod["spec"].get("hostname") or self.name
+        # The Pods' folders hold every volume's host-side copy: hidden, so that a container reaches
+        # only the volumes it mounts.
+        hidden = [str(pods_root(self.node.machine.workdir).resolve())]
         return {"argv": argv, "env": {"PATH": DEFAULT_PATH, "HOSTNAME": hostname} | env, "mounts": mounts,
-                "hostname": hostname, "cwd": c.spec.get("workingDir") or "/"}
+                "hidden": hidden, "hostname": hostname, "cwd": c.spec.get("workingDir") or "/"}
 
     def _env(self, pod: Obj, spec: Obj) -> dict[str, str]:
         """The kubelet's makeEnvironmentVariables: envFrom, then env (with $(VAR) expansion over the

@@ -7,25 +7,36 @@ from typing import TYPE_CHECKING
 
 from standin.api import ApiError
 from standin.common import ERROR_RETRY, log, rfc3339
+from standin.spec import is_sidecar
 
 if TYPE_CHECKING:
     from standin.common import Obj
     from standin.pod import Container
 
 
-def pod_phase(spec: Obj, init_statuses: list[Obj], statuses: list[Obj], terminal: bool) -> str:
-    """The kubelet's getPhase."""
+def pod_phase(spec: Obj, init_statuses: list[Obj], statuses: list[Obj], terminal: bool, initialized: bool) -> str:
+    """The kubelet's getPhase. Sidecars count as running while they run; one that has ended
+    counts for nothing (it is restarted, or the Pod is over); one not started yet keeps the Pod
+    Pending until the Pod is ``initialized`` (an app container has run)."""
     policy = spec.get("restartPolicy", "Always")
-    pending_init = failed_init = 0
+    sidecars = {c["name"] for c in spec.get("initContainers") or [] if is_sidecar(c)}
+    pending_init = failed_init = pending_sidecars = 0
+    running = waiting = stopped = succeeded = 0
     for s in init_statuses:
         state, last = s["state"], s["lastState"]
-        if "terminated" in state:
+        if s["name"] in sidecars:
+            if "running" in state:
+                running += 1
+                pending_sidecars += not s["started"]
+            elif "waiting" in state and "terminated" not in last:
+                pending_sidecars += 1
+                waiting += 1
+        elif "terminated" in state:
             failed_init += state["terminated"]["exitCode"] != 0
         elif "waiting" in state and "terminated" in last:
             failed_init += last["terminated"]["exitCode"] != 0
         else:
             pending_init += 1
-    running = waiting = stopped = succeeded = 0
     for s in statuses:
         state, last = s["state"], s["lastState"]
         if "running" in state:
@@ -39,7 +50,7 @@ def pod_phase(spec: Obj, init_statuses: list[Obj], statuses: list[Obj], terminal
             waiting += 1
     if failed_init and policy == "Never":
         return "Failed"
-    if pending_init or waiting:
+    if pending_init or pending_sidecars and not initialized or waiting:
         return "Pending"
     if running:
         return "Running"
@@ -95,7 +106,7 @@ class StatusReports:
         self._retry_at = time.monotonic() + ERROR_RETRY
         return False
 
-    def _container_status(self, c: Container, initializing: bool, final: bool) -> Obj:
+    def _container_status(self, c: Container, has_init_containers: bool, final: bool) -> Obj:
         s: Obj = {"name": c.name, "image": c.spec["image"], "imageID": "", "ready": c.ready,
                   "restartCount": c.restarts, "started": c.running and c.started, "state": {}, "lastState": {}}
         p = c.proc
@@ -111,7 +122,7 @@ class StatusReports:
             s["state"] = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
                                          "message": "The container could not be located when the pod was terminated"}}
         else:
-            reason, message = c.waiting or self._blocked or (("PodInitializing", "") if initializing and not c.init
+            reason, message = c.waiting or self._blocked or (("PodInitializing", "") if has_init_containers
                                                              else ("ContainerCreating", ""))
             s["state"] = {"waiting": {"reason": reason} | ({"message": message} if message else {})}
             s["lastState"] = {"terminated": p.terminated()} if p is not None else {}
@@ -119,10 +130,10 @@ class StatusReports:
 
     def _status(self, pod: Obj, final: bool) -> Obj:
         inits = [c for c in self._containers if c.init]
-        initializing = any(not (c.proc and c.proc.done.is_set() and c.proc.exit_code == 0 and not c.proc.start_error) for c in inits)
-        init_st = [self._container_status(c, initializing, final) for c in inits]
-        st = [self._container_status(c, initializing, final) for c in self._containers if not c.init]
-        phase = pod_phase(pod["spec"], init_st, st, self._terminal)
+        init_st = [self._container_status(c, bool(inits), final) for c in inits]
+        st = [self._container_status(c, bool(inits), final) for c in self._containers if not c.init]
+        initialized = any(c.proc is not None for c in self._containers if not c.init)
+        phase = pod_phase(pod["spec"], init_st, st, self._terminal, initialized)
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             phase = pod["status"]["phase"]  # a terminal phase never changes
         elif final and phase not in ("Succeeded", "Failed"):
@@ -143,13 +154,17 @@ class StatusReports:
         def names(items: list[str]) -> str:
             return "[" + " ".join(items) + "]"
 
-        incomplete = [s["name"] for s in init_st if s["state"].get("terminated", {}).get("exitCode") != 0]
+        sidecars = {c["name"] for c in pod["spec"].get("initContainers") or [] if is_sidecar(c)}
+        # A sidecar is initialized once started, a regular init container once it exited 0.
+        incomplete = [s["name"] for s in init_st
+                      if (not s["started"] if s["name"] in sidecars else s["state"].get("terminated", {}).get("exitCode") != 0)]
         any_started = any("running" in s["state"] or "terminated" in s["state"] or s["lastState"] for s in st)
         if phase == "Succeeded" or any_started or not incomplete:
             initialized = ("True", "PodCompleted" if phase == "Succeeded" and init_st else "", "")
         else:
             initialized = ("False", "ContainersNotInitialized", f"containers with incomplete status: {names(incomplete)}")
-        unready = [s["name"] for s in st if not s["ready"]]
+        # Sidecars count toward readiness, listed first as the kubelet does.
+        unready = [s["name"] for s in init_st if s["name"] in sidecars and not s["ready"]] + [s["name"] for s in st if not s["ready"]]
         if phase in ("Succeeded", "Failed"):
             containers_ready = ("False", "PodCompleted" if phase == "Succeeded" else "PodFailed", "")
         elif unready:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.client
+import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -62,6 +64,25 @@ def container_port(spec: Obj, port: int | str) -> int:
     raise ValueError(f"unknown port name {port!r}")
 
 
+def exec_in_container(proc: Process, command: list[str], timeout: float) -> tuple[bool, str]:
+    """Run a command in a container's namespaces, PID namespace included (nsenter forks it there):
+    it sees what the container sees, and it ends with the container. On timeout its whole process
+    group goes, the part inside the container too."""
+    child = subprocess.Popen(["nsenter", f"--target={proc.pid}", "--net", "--mount", "--uts", "--pid", f"--wd={proc.cwd}",
+                              "--", *command], env=proc.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.communicate()
+        return False, f"command {command!r} timed out"
+    return child.returncode == 0, (stdout + stderr)[:10 * 1024].decode(errors="replace")
+
+
 def run_handler(handler: Obj, container: Obj, proc: Process, pod_ip: str, timeout: float) -> tuple[bool, str]:
     """Run a probe or lifecycle handler against one container run; returns (success, output).
     HTTP and TCP go from the node to the Pod's IP, exec runs inside the container's namespaces."""
@@ -73,16 +94,10 @@ def run_handler(handler: Obj, container: Obj, proc: Process, pod_ip: str, timeou
             with socket.create_connection((h.get("host") or pod_ip, container_port(container, h["port"])), timeout=timeout):
                 return True, ""
         if (h := handler.get("exec")) is not None:
-            done = subprocess.run(["nsenter", f"--target={proc.pid}", "--net", "--mount", "--uts", f"--wd={proc.cwd}",
-                                   "--", *h["command"]], env=proc.env, capture_output=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-            output = (done.stdout + done.stderr)[:10 * 1024].decode(errors="replace")
-            return done.returncode == 0, output
+            return exec_in_container(proc, h["command"], timeout)
         if (h := handler.get("sleep")) is not None:
             proc.done.wait(min(float(h["seconds"]), timeout))
             return True, ""
-    except subprocess.TimeoutExpired:
-        return False, f"command {handler['exec']['command']!r} timed out"
     except (OSError, ValueError) as e:
         return False, str(e)
     return False, f"{next(iter(handler), 'empty')} handlers are not supported by this node stand-in"

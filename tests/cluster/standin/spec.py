@@ -124,14 +124,18 @@ def unsupported_features(pod: Obj) -> str | None:
     for flag in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(flag):
             return f"{flag} Pods are not supported by this node stand-in (every Pod gets its own namespaces)"
+    if spec.get("shareProcessNamespace"):
+        return "shareProcessNamespace is not supported by this node stand-in (every container gets its own PID namespace)"
     for c in spec["containers"] + (spec.get("initContainers") or []):
         for p in c.get("ports") or []:
             if p.get("hostPort"):
                 return f'container "{c["name"]}" asks for hostPort {p["hostPort"]}: host ports are not supported by this node stand-in'
-    for c in spec.get("initContainers") or []:
-        if c.get("restartPolicy") == "Always":
-            return f'init container "{c["name"]}" is a sidecar (restartPolicy Always): not supported by this node stand-in'
     return None
+
+
+def is_sidecar(container: Obj) -> bool:
+    """A restartable init container (``restartPolicy: Always`` in ``initContainers``)."""
+    return container.get("restartPolicy") == "Always"
 
 
 def image_name(image: str) -> str:
