@@ -116,7 +116,8 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_AGENT_AIRFLOW_VERSION", value_name = "VERSION")]
     pub airflow_version: Option<String>,
 
-    /// Edge provider version to report [default: detected from --python]
+    /// Edge provider version to report [default: detected from --python, else the version
+    /// Airflow names when it refuses another]
     #[arg(
         long,
         env = "ASTRO_AGENT_EDGE_PROVIDER_VERSION",

@@ -62,10 +62,15 @@ TASK_SECONDS_32 = 3.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Worker kinds: the agent as deployed (default launch mode), the Python worker, and - on
 #: request only - the agent starting every task in a fresh interpreter (--launch-mode fresh).
-KINDS = ("astro-agent", "python", "astro-agent-fresh")
+KINDS = ("astro-agent", "astro-agent-baseline", "python", "astro-agent-fresh")
 DEFAULT_KINDS = ("astro-agent", "python")
-LABELS = {"astro-agent": "astro-agent", "python": "python edge worker", "astro-agent-fresh": "astro-agent (fresh)"}
-SHORT = {"astro-agent": "agent", "python": "python", "astro-agent-fresh": "agent-fresh"}
+LABELS = {"astro-agent": "astro-agent", "python": "python edge worker", "astro-agent-fresh": "astro-agent (fresh)",
+          "astro-agent-baseline": "astro-agent (baseline)"}
+SHORT = {"astro-agent": "agent", "python": "python", "astro-agent-fresh": "agent-fresh",
+         "astro-agent-baseline": "agent-base"}
+#: The baseline kind runs another build of the agent (an earlier commit's), to compare two
+#: versions in one run.
+BASELINE_BIN = "ASTRO_AGENT_BASELINE_BIN"
 #: Task-instance states that mean the queue still has work in it.
 ACTIVE_TI_STATES = ("scheduled", "queued", "running", "restarting", "up_for_retry", "deferred")
 
@@ -303,6 +308,8 @@ class Worker:
                     mode = {"launch_mode": "fresh"}
                 else:
                     mode = {"extra_args": ["--launch-mode", "fresh"]}
+            if kind == "astro-agent-baseline":
+                mode["program"] = Path(os.environ[BASELINE_BIN])
             self.impl = AstroAgent(
                 stack, name, queues=[QUEUE], sync_slots=slots, queue_stats=False, heartbeat_interval="30s",
                 api_base=api_base, **mode
@@ -860,6 +867,8 @@ def parse_args(argv=None):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     args.kinds = [k.strip() for k in args.workers.split(",") if k.strip()]
+    if "astro-agent-baseline" in args.kinds and not os.environ.get(BASELINE_BIN):
+        ap.error(f"--workers astro-agent-baseline needs {BASELINE_BIN}: the path of the build to compare with")
     bad = [k for k in args.kinds if k not in KINDS]
     if bad:
         ap.error(f"unknown worker kind(s) {bad}; choose from {list(KINDS)}")

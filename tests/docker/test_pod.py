@@ -58,7 +58,7 @@ import pytest
 
 from harness.airflow_stack import AirflowStack
 from harness.procs import free_port, wait_for
-from podman_harness import AGENT_IMAGE, REPO, TASKS_IMAGE
+from podman_harness import AGENT_IMAGE, TASKS_IMAGE
 
 DAG = "docker_canary_hunt"
 TASKS = ("hunt_a", "hunt_b")
@@ -71,11 +71,6 @@ SOCKET = f"{SOCKET_DIR}/task-host.sock"
 SECRETS = "/etc/astro-agent/secrets"
 LOG_FOLDER = "/opt/airflow/logs"
 DAGS_IN_POD = "/opt/airflow/dags"
-
-
-def _requirement(name: str) -> str:
-    reqs = (REPO / "tests/requirements-airflow.txt").read_text()
-    return re.search(rf"^{re.escape(name)}==(\S+)$", reqs, re.M).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +155,8 @@ class WorkerPod:
           "--log-folder", LOG_FOLDER,
           "--listen", f"127.0.0.1:{self.port}",
           "--heartbeat-interval", "2s",
-          # The tasks container has no Edge provider to ask.
-          "--airflow-version", _requirement("apache-airflow"),
-          "--edge-provider-version", _requirement("apache-airflow-providers-edge3"),
+          # No versions given: Airflow's comes from the tasks' Python, and the Edge provider's
+          # (the tasks image has none) from Airflow's answer to the registration.
           "--task-host-socket", SOCKET)
         wait_for(lambda: self.check_running(self.agent) or self.check_running(self.tasks) or self.ready(),
                  90, f"agent {self.name} to be ready", interval=0.25, on_timeout=self.all_logs)
@@ -262,6 +256,8 @@ def test_no_task_in_the_pod_reaches_the_agents_secrets(podman, agent_image, task
         assert state == "success", (f"tis: { {t: ti['state'] for t, ti in tis.items()} }\n"
                                     + "\n".join(f"== {t}: {_found_line(log)}\n{log[-4000:]}" for t, log in logs.items())
                                     + "\n" + pod.all_logs())
+        agent_log = pod.podman("logs", pod.agent, check=False)
+        assert "the tasks' Python has no Edge provider: reporting the one Airflow runs" in agent_log.stderr + agent_log.stdout
         for task_id in TASKS:
             assert tis[task_id]["state"] == "success"
             assert tis[task_id]["hostname"] == pod.name

@@ -163,11 +163,12 @@ def test_a_launcher_killed_mid_run_loses_no_task(airflow, trigger_dag, astro_age
 
 
 def test_a_launcher_that_cannot_start_falls_back_to_fresh_interpreters(airflow, trigger_dag, astro_agent, tmp_path):
-    # A "python" that refuses to run the launcher script and runs everything else.
+    # A "python" that refuses to run the launcher script as the launcher, and runs everything
+    # else (a fresh interpreter runs the script too, for one task: `--one`).
     python = tmp_path / "python"
     python.write_text(
         "#!/bin/sh\n"
-        'case "$1" in *astro_launcher.py) echo "launcher refused by the test" >&2; exit 1;; esac\n'
+        'case "$1 $2" in *astro_launcher.py\\ --one) ;; *astro_launcher.py*) echo "launcher refused by the test" >&2; exit 1;; esac\n'
         f'exec {airflow.python} "$@"\n'
     )
     python.chmod(0o755)

@@ -374,8 +374,12 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
     # Upstream cost: a fixed number of reads per refresh, however often we asked.
     refreshes = s.metric("astro_sentinel_refreshes_total")
     upstream = s.metric("astro_sentinel_upstream_requests_total")
-    # The list of Edge workers runs on its own loop: it may be one behind the refreshes.
-    assert refreshes * upstream_per_refresh - 1 <= upstream <= (refreshes + 1) * upstream_per_refresh + 4, \
+    # The list of Edge workers runs on its own loop: one behind the refreshes on a quiet machine,
+    # and a few more on a loaded one (seen: 6 behind over 114 refreshes at load 12), where its
+    # timer fires late. The bound that matters is the upper one: asking more often costs
+    # Airflow nothing extra.
+    lag = 1 + refreshes // 10
+    assert refreshes * upstream_per_refresh - lag <= upstream <= (refreshes + 1) * upstream_per_refresh + 4, \
         (refreshes, upstream)
 
     # 3. Thirty more queued, then the upstream goes away: the last value, then 503 — never 0.

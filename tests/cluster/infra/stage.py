@@ -129,6 +129,9 @@ def start_airflow(work: Path) -> AirflowStack:
         shutil.copy(e2e_dags / name, dags / name)
     for dag in (CLUSTER_TESTS / "dags").glob("*.py"):
         shutil.copy(dag, dags / dag.name)
+    # The docker stage's hunt for the agent's secrets, run in the chart's worker Pod too.
+    hunt = ROOT / "tests" / "docker" / "dags" / "docker_canary_hunt.py"
+    shutil.copy(hunt, dags / hunt.name)
     stack = AirflowStack(dags_folder=dags, host=ADDRESS)
     stack.start()
     print(f"\nAirflow up in {stack.timings['total']:.1f}s at {stack.api_base}")

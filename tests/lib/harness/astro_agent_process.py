@@ -46,16 +46,18 @@ class AstroAgent:
         launch_mode: str = "prefork",
         python: Path | None = None,
         api_base: str | None = None,
+        program: Path | None = None,
     ):
         """``api_base`` replaces the stack's api-server address for the Edge and REST API (an
-        https one, say); the Execution API the tasks use stays the stack's."""
+        https one, say); the Execution API the tasks use stays the stack's. ``program``: another
+        build of the binary (a benchmark's baseline)."""
         self.stack = stack
         self.name = name
         self.queues = list(queues)
         self.folder = stack.worker_dir(name)
         self.port = free_port()
         argv = [
-            str(binary("astro-agent")),
+            str(program or binary("astro-agent")),
             "--api-url", f"{api_base}/edge_worker/v1" if api_base else stack.edge_api_url,
             "--execution-api-url", stack.execution_api_url,
             "--worker-name", name,
@@ -126,8 +128,10 @@ class AstroAgent:
         return None
 
     def launcher_pids(self) -> list[int]:
-        """PIDs of this agent's pre-forked launcher processes (children running the script)."""
-        pids = []
+        """PIDs of this agent's pre-forked launcher processes: children of its task host (the
+        agent's child) running the script in launcher mode (not a fresh interpreter's
+        ``--one``)."""
+        processes: dict[int, tuple[int, bytes]] = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -136,10 +140,11 @@ class AstroAgent:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == self.daemon.pid and b"astro_launcher.py" in cmdline:
-                pids.append(int(entry.name))
-        return pids
+            processes[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
+        task_hosts = {pid for pid, (ppid, cmdline) in processes.items()
+                      if ppid == self.daemon.pid and b"task-host" in cmdline}
+        return [pid for pid, (ppid, cmdline) in processes.items()
+                if ppid in task_hosts and b"astro_launcher.py" in cmdline and b"--one" not in cmdline]
 
     def send_signal(self, sig: int) -> None:
         self.daemon.send_signal(sig)
