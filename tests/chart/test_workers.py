@@ -224,7 +224,8 @@ def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
         assert tasks["restartPolicy"] == "Always"
         assert tasks["image"] == _image(t["image"], None)
         assert tasks["imagePullPolicy"] == t["image"]["pullPolicy"]
-        assert tasks["command"] == [f"{BIN_DIR}/astro-agent", "task-host", "--socket", SOCKET]
+        assert tasks["command"] == [f"{BIN_DIR}/astro-agent", "task-host", "--socket", SOCKET,
+                                    "--log-format", w["logFormat"]]
         assert "args" not in tasks and "ports" not in tasks
         assert tasks["env"] == [{"name": "TMPDIR", "value": "/tmp"}, *t["env"]]
         assert tasks.get("envFrom", []) == t["envFrom"]

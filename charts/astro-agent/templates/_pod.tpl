@@ -105,7 +105,8 @@ env or envFrom. (dict "w" $w "ctx" $root)
   image: {{ include "astro-agent.image" (dict "image" $t.image "ctx" .ctx) | quote }}
   imagePullPolicy: {{ $t.image.pullPolicy }}
   restartPolicy: Always
-  command: {{ list (printf "%s/astro-agent" (include "astro-agent.agentBinDir" .)) "task-host" "--socket" (include "astro-agent.taskHostSocket" .) | toJson }}
+  {{- /* Its log lines in the worker's logFormat, like the agent's. */}}
+  command: {{ list (printf "%s/astro-agent" (include "astro-agent.agentBinDir" .)) "task-host" "--socket" (include "astro-agent.taskHostSocket" .) "--log-format" .w.logFormat | toJson }}
   env:
     - name: TMPDIR
       value: /tmp

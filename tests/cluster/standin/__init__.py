@@ -10,7 +10,7 @@ in reverse order), Pod status and Events, graceful deletion.
 An "image" is a binary of this machine (``--image NAME=PATH``; a container's image is matched by the
 last path component of its repository). The image's entrypoint is that binary with no CMD: with no
 ``command`` a container runs ``PATH args...``; a ``command`` whose first word names the image (or
-the binary's file name) runs the binary, any other command runs as written -- the host is the image.
+the binary's file name), bare or as a path, runs the binary, any other command runs as written -- the host is the image.
 
 Each Pod gets a sandbox like a real one: a network namespace with a veth to the node and an IP from
 the node's podCIDR (routed as /32s, so Pods, the node and anything listening on the node's address

@@ -23,7 +23,9 @@ class ContainerSpecs:
         lookup = env.get
         command = [expand(a, lookup) for a in c.spec.get("command") or []]
         args = [expand(a, lookup) for a in c.spec.get("args") or []]
-        if command and command[0] in (image.name, image.binary.name):
+        # The image's own program, named bare or by its path in the image (the entrypoint a
+        # Dockerfile gives, e.g. /usr/local/bin/astro-agent): the mapped binary.
+        if command and Path(command[0]).name in (image.name, image.binary.name):
             command[0] = str(image.binary)
         argv = (command or [str(image.binary)]) + args
         mounts = []

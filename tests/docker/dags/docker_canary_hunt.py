@@ -3,7 +3,8 @@ the same time in the tasks container, each hunting for the agent's secrets where
 could reach them.
 
 The run's conf: ``reversed_canaries`` (each secret written backwards, so that no copy of the
-conf anywhere holds a secret itself) and ``log_folder`` (the volume the task logs go to).
+conf anywhere holds a secret itself), ``log_folder`` (the volume the task logs go to) and,
+optionally, ``search_folders``: the folders to search instead of the whole filesystem.
 Searched, everything the task's user may open:
 
 * its own environment;
@@ -94,7 +95,12 @@ class Hunt:
                 self.refused.add(where)
                 return
             with open(fd, "rb") as f:
-                self.search(where, f.read())
+                try:
+                    data = f.read()
+                except OSError:  # a file that cannot be read as one (a namespace file: EINVAL)
+                    self.refused.add(where)
+                    return
+            self.search(where, data)
             self.read.add(where)
 
     def walk(self, top: str) -> None:
@@ -167,7 +173,10 @@ def hunt(partner: str) -> dict:
     h = Hunt([c[::-1].encode() for c in conf["reversed_canaries"]], partner_id.encode())
     h.search("the task's own environment", json.dumps(dict(os.environ)).encode())
     processes = [h.process(pid) for pid in sorted(os.listdir("/proc"), key=lambda p: (len(p), p)) if pid.isdigit()]
-    h.walk("/")
+    # A container's whole filesystem, unless the run names the folders that make up its view (a
+    # kubelet stand-in's containers see the host's files besides their volumes).
+    for root in conf.get("search_folders") or ["/"]:
+        h.walk(root)
     for folder in (*EXTRA_FOLDERS, conf["log_folder"]):
         h.walk(folder)
 
