@@ -56,93 +56,80 @@ pub async fn run(
         readiness.clone(),
         stop_admin.clone(),
     ));
-    let outcome = with_task_host(
-        config, task_env, log_format, slots, metrics, &readiness, drain, kill,
-    )
+    // An async block, so that every way out of it (`?` included) still stops the admin server.
+    let outcome: anyhow::Result<()> = async {
+        let edge = EdgeClient::new(
+            &config.api_url,
+            EdgeTokenSigner::new(config.jwt_secret.expose()),
+            Box::new(EdgeCallMetrics(metrics.clone())),
+            config.ca.as_ref(),
+        )
+        .context("building the HTTP client")?;
+        let settings = TaskSettings {
+            python: config.python.clone(),
+            execution_api_url: config.execution_api_url.to_string(),
+            worker_name: config.worker_name.clone(),
+            log_folder: config.log_folder.clone(),
+            mode: config.launch_mode,
+            slots: config.sync_slots,
+            task_env_allow: config
+                .task_env_allow
+                .iter()
+                .map(|p| p.as_str().to_string())
+                .collect(),
+        };
+        let link = match &config.task_host_socket {
+            Some(path) => Link::Socket(path.clone()),
+            None => Link::Child {
+                program: std::env::current_exe()
+                    .context("finding the agent's own binary to start the task host")?,
+                env: task_env,
+                log_format,
+            },
+        };
+        // The task host's launcher imports Airflow (seconds) while the worker registers.
+        let stop_host = CancellationToken::new();
+        let (task_host, welcome, adopt) = tokio::select! {
+            started = TaskHost::start(settings, link, stop_host.clone()) => started?,
+            _ = drain.cancelled() => {
+                tracing::info!("stopped before the task host answered");
+                return Ok(());
+            }
+        };
+        let Welcome {
+            versions,
+            left_behind,
+        } = welcome;
+        let versions = versions::resolve(
+            &versions,
+            config.airflow_version.clone(),
+            config.edge_provider_version.clone(),
+        )?;
+        let ctx = Arc::new(Context {
+            slots,
+            status: WorkerStatus::new(
+                config.queues.clone(),
+                versions.airflow,
+                versions.edge_provider,
+            ),
+            config,
+            edge,
+            metrics,
+            task_host,
+            jobs: TaskTracker::new(),
+            drain,
+            kill,
+            give_up: CancellationToken::new(),
+            heartbeat_now: Notify::new(),
+            maintenance_changed: Notify::new(),
+        });
+        let outcome = serve(&ctx, &readiness, left_behind, adopt).await;
+        stop_host.cancel();
+        outcome
+    }
     .await;
     stop_admin.cancel();
     let _ = admin.await;
-    outcome
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn with_task_host(
-    config: Config,
-    task_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    log_format: String,
-    slots: Slots,
-    metrics: Arc<Metrics>,
-    readiness: &Readiness,
-    drain: CancellationToken,
-    kill: CancellationToken,
-) -> anyhow::Result<()> {
-    let edge = EdgeClient::new(
-        &config.api_url,
-        EdgeTokenSigner::new(config.jwt_secret.expose()),
-        Box::new(EdgeCallMetrics(metrics.clone())),
-        config.ca.as_ref(),
-    )
-    .context("building the HTTP client")?;
-    let settings = TaskSettings {
-        python: config.python.clone(),
-        execution_api_url: config.execution_api_url.to_string(),
-        worker_name: config.worker_name.clone(),
-        log_folder: config.log_folder.clone(),
-        mode: config.launch_mode,
-        slots: config.sync_slots,
-        task_env_allow: config
-            .task_env_allow
-            .iter()
-            .map(|p| p.as_str().to_string())
-            .collect(),
-    };
-    let link = match &config.task_host_socket {
-        Some(path) => Link::Socket(path.clone()),
-        None => Link::Child {
-            program: std::env::current_exe()
-                .context("finding the agent's own binary to start the task host")?,
-            env: task_env,
-            log_format,
-        },
-    };
-    // The task host's launcher imports Airflow (seconds) while the worker registers.
-    let stop_host = CancellationToken::new();
-    let (task_host, welcome, adopt) = tokio::select! {
-        started = TaskHost::start(settings, link, stop_host.clone()) => started?,
-        _ = drain.cancelled() => {
-            tracing::info!("stopped before the task host answered");
-            return Ok(());
-        }
-    };
-    let Welcome {
-        versions,
-        left_behind,
-    } = welcome;
-    let versions = versions::resolve(
-        &versions,
-        config.airflow_version.clone(),
-        config.edge_provider_version.clone(),
-    )?;
-    let ctx = Arc::new(Context {
-        slots,
-        status: WorkerStatus::new(
-            config.queues.clone(),
-            versions.airflow,
-            versions.edge_provider,
-        ),
-        config,
-        edge,
-        metrics,
-        task_host,
-        jobs: TaskTracker::new(),
-        drain,
-        kill,
-        give_up: CancellationToken::new(),
-        heartbeat_now: Notify::new(),
-        maintenance_changed: Notify::new(),
-    });
-    let outcome = serve(&ctx, readiness, left_behind, adopt).await;
-    stop_host.cancel();
     outcome
 }
 

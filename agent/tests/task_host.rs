@@ -21,6 +21,32 @@ fn ended(s: &State, job: &str, state: &str) -> bool {
     states(s, job).last().is_some_and(|last| last == state)
 }
 
+/// Waits until Airflow hears that `job` runs.
+async fn running(agent: &Agent, fake: &FakeAirflow, job: &str) {
+    agent
+        .until(fake, "the job running", T, |s| {
+            states(s, job).iter().any(|st| st == "running")
+        })
+        .await;
+}
+
+/// The job `cut` is reported failed with `reason` in its log, and the agent runs the next job.
+async fn lost_with_reason_then_work_goes_on(agent: &Agent, fake: &FakeAirflow, reason: &str) {
+    agent
+        .until(fake, "the lost job reported failed", T, |s| {
+            ended(s, "cut", "failed")
+        })
+        .await;
+    let log = fake.with(|s| s.logs.get("cut").cloned().unwrap_or_default());
+    assert!(log.contains(reason), "the reason is in the task log: {log}");
+    fake.add_job("after", 0.0, 0);
+    agent
+        .until(fake, "the next job runs", T, |s| {
+            ended(s, "after", "success")
+        })
+        .await;
+}
+
 async fn agent_on(fake: &FakeAirflow, dir: &Path, socket: &Path) -> Agent {
     start_agent(fake, dir, &["--task-host-socket", socket.to_str().unwrap()]).await
 }
@@ -98,11 +124,7 @@ async fn a_restarted_agent_takes_over_the_running_task() {
     listening(&host, &socket).await;
     let first = agent_on(&fake, dir.path(), &socket).await;
     fake.add_job("long", 3.0, 0);
-    first
-        .until(&fake, "the job running", T, |s| {
-            states(s, "long").iter().any(|st| st == "running")
-        })
-        .await;
+    running(&first, &fake, "long").await;
     // The agent container restarts: SIGKILL, nothing reported.
     first.signal(Signal::SIGKILL);
     drop(first);
@@ -130,29 +152,11 @@ async fn tasks_of_a_task_host_that_died_are_reported_failed_and_work_goes_on() {
     listening(&host, &socket).await;
     let agent = agent_on(&fake, dir.path(), &socket).await;
     fake.add_job("cut", 60.0, 0);
-    agent
-        .until(&fake, "the job running", T, |s| {
-            states(s, "cut").iter().any(|st| st == "running")
-        })
-        .await;
+    running(&agent, &fake, "cut").await;
     host.kill().await;
     // The Pod restarts the tasks container: a new task host on the same socket.
     let _restarted = start_task_host(&socket, &dir.path().join("host2.log"), true);
-    agent
-        .until(&fake, "the lost job reported failed", T, |s| {
-            ended(s, "cut", "failed")
-        })
-        .await;
-    let log = fake.with(|s| s.logs.get("cut").cloned().unwrap_or_default());
-    assert!(
-        log.contains("the task host no longer knows this task"),
-        "the reason is in the task log: {log}"
-    );
-    fake.add_job("after", 0.0, 0);
-    agent
-        .until(&fake, "the next job runs", T, |s| {
-            ended(s, "after", "success")
-        })
+    lost_with_reason_then_work_goes_on(&agent, &fake, "the task host no longer knows this task")
         .await;
 }
 
@@ -178,30 +182,16 @@ async fn a_child_task_host_that_died_is_replaced_and_its_tasks_reported_failed()
     let dir = tempfile::tempdir().unwrap();
     let agent = start_agent(&fake, dir.path(), &[]).await;
     fake.add_job("cut", 60.0, 0);
-    agent
-        .until(&fake, "the job running", T, |s| {
-            states(s, "cut").iter().any(|st| st == "running")
-        })
-        .await;
+    running(&agent, &fake, "cut").await;
     let host = children(agent.child.id().unwrap());
     assert_eq!(host.len(), 1, "one child, the task host: {host:?}");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(host[0]), Signal::SIGKILL).unwrap();
-    agent
-        .until(&fake, "the lost job reported failed", T, |s| {
-            ended(s, "cut", "failed")
-        })
-        .await;
-    let log = fake.with(|s| s.logs.get("cut").cloned().unwrap_or_default());
-    assert!(
-        log.contains("the task host (started by the agent) exited"),
-        "{log}"
-    );
-    fake.add_job("after", 0.0, 0);
-    agent
-        .until(&fake, "the next job runs", T, |s| {
-            ended(s, "after", "success")
-        })
-        .await;
+    lost_with_reason_then_work_goes_on(
+        &agent,
+        &fake,
+        "the task host (started by the agent) exited",
+    )
+    .await;
 }
 
 #[tokio::test]
