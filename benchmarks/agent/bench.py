@@ -83,6 +83,8 @@ TARGET_PYTHON_REFILL_S = 5.0
 TARGET_AGENT_START_S = 0.3
 TARGET_AGENT_PSS_PER_TASK_MIB = 100.0
 TARGET_AGENT_MAKESPAN_S = 27.0
+#: A new worker with a job waiting: process start -> the job's start_date.
+TARGET_AGENT_COLD_START_S = 1.5
 
 
 # ---- /proc readers ---------------------------------------------------------------------
@@ -267,6 +269,32 @@ def marker_times(log_folder: Path, dag_id: str, run_id: str) -> dict[str, dateti
     return out
 
 
+#: The log line that says astro-agent's registration was accepted (the Python worker logs none).
+REGISTERED_TEXTS = ("registered with Airflow",)
+#: Where a new worker's cold start went (``Bench.cold_starts``).
+COLD_START_PARTS = ("start_to_first_start_s", "start_to_registered_s", "start_to_received_s",
+                    "received_to_first_start_s")
+
+
+def first_logged(log_file: Path, texts: tuple[str, ...], after: datetime) -> datetime | None:
+    """When the worker first logged a line containing one of ``texts``, at or after ``after``."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for raw in lines:
+        line = ANSI.sub("", raw)
+        if any(t in line for t in texts):
+            when = log_time(line)
+            if when and when >= after:
+                return when
+    return None
+
+
+def seconds_between(a: datetime | None, b: datetime | None) -> float | None:
+    return (b - a).total_seconds() if a and b else None
+
+
 #: Where a run's first start went, as analyse_run splits it.
 FIRST_START_PARTS = ("trigger_to_first_start_s", "trigger_to_first_queued_s", "queued_to_first_start_s",
                      "first_received_to_start_s")
@@ -335,6 +363,13 @@ class Worker:
 
     def alive(self) -> bool:
         return self.impl.daemon is not None and self.impl.daemon.alive()
+
+    def launch(self) -> None:
+        """Start the process and return at once (no wait for its registration)."""
+        if self.kind.startswith("astro-agent"):
+            self.impl.daemon.start()
+        else:
+            self.impl.start(wait=False)
 
     def start(self) -> "Worker":
         self.impl.start()
@@ -610,11 +645,57 @@ class Bench:
             "tree_pss_mib_idle_after_work": mib(max(pss)) if pss else None,
         }
 
+    def cold_starts(self, kind: str) -> dict:
+        """A new worker's own cold start, ``cold_starts`` times: one ``bench_1x1`` job waits on
+        the queue (the Edge executor has queued it) before the worker process starts, as when
+        an autoscaler adds a worker because work is queued; process start -> the task's
+        ``start_date``, split by the worker's log at registration and at the job's arrival."""
+        samples = []
+        for _ in range(self.args.cold_starts):
+            self.queue_empty()
+            run, _ = self.trigger(DAG_1)
+            wait_for(lambda: self.edge_jobs_waiting() == 1, 120, f"the {DAG_1} job to wait on queue {QUEUE}",
+                     interval=0.2)
+            worker = Worker(self.stack, kind, f"bench-{SHORT[kind]}-cold", 4)
+            self.workers.append(worker)
+            started = datetime.now(timezone.utc)
+            worker.launch()
+            try:
+                state = self.client.wait_run(DAG_1, run, timeout=300)
+            finally:
+                self.stop_worker(worker)
+            (ti,) = self.client.task_instances(DAG_1, run)
+            first_start = ts(ti.get("start_date"))
+            received = worker_events(worker.log_file, DAG_1, run)["received"].get(ti["task_id"])
+            registered = first_logged(worker.log_file, REGISTERED_TEXTS, started)
+            samples.append({
+                "run_id": run,
+                "run_state": state,
+                "start_to_first_start_s": seconds_between(started, first_start),
+                "start_to_registered_s": seconds_between(started, registered),
+                "start_to_received_s": seconds_between(started, received),
+                "received_to_first_start_s": seconds_between(received, first_start),
+            })
+            say(f"{worker.name}: process start -> first task start_date "
+                f"{fmt(samples[-1]['start_to_first_start_s'], ' s')}")
+        return {
+            "samples": samples,
+            **{k: summary([s[k] for s in samples if s[k] is not None]) for k in COLD_START_PARTS},
+            "all_success": all(s["run_state"] == "success" for s in samples),
+        }
+
+    def edge_jobs_waiting(self) -> int:
+        return int(self.stack.sql(f"SELECT count(*) FROM edge_job WHERE queue = '{QUEUE}' AND state = 'queued'"))
+
     # -- one worker kind --
 
     def bench_kind(self, kind: str, out: dict) -> None:
         """Measure one worker kind; results land in ``out`` as they come (kept on failure)."""
         out["kind"] = kind
+        if self.args.cold_starts:
+            out["cold"] = self.cold_starts(kind)
+        if self.args.cold_starts_only:
+            return
         worker = self.start_worker(kind, 16, counted=True)
         out["start_to_idle_s"] = [worker.start_to_idle_s]
         try:
@@ -762,6 +843,7 @@ def table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
         "start": {k: TARGET_AGENT_START_S for k in cols if k == "astro-agent"},
         "pss": {k: TARGET_AGENT_PSS_PER_TASK_MIB for k in cols if k == "astro-agent"},
         "makespan": {k: TARGET_AGENT_MAKESPAN_S for k in cols if k == "astro-agent"},
+        "cold": {k: TARGET_AGENT_COLD_START_S for k in cols if k == "astro-agent"},
     }
     refill_target = f"agent <= {TARGET_AGENT_REFILL_S:g} s; python <= {TARGET_PYTHON_REFILL_S:g} s"
 
@@ -799,6 +881,11 @@ def table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
                "agent <= python"),
         ranged("  of which trigger -> TI queued (scheduler)", ("trials", "trigger_to_first_queued_s")),
         ranged("  of which TI queued -> start_date (worker)", ("trials", "queued_to_first_start_s")),
+        ranged("New worker, job waiting: process start -> first task start_date", ("cold", "start_to_first_start_s"),
+               f"agent <= {TARGET_AGENT_COLD_START_S:g} s and < python", "cold"),
+        ranged("  of which process start -> registered", ("cold", "start_to_registered_s")),
+        ranged("  of which process start -> job received", ("cold", "start_to_received_s")),
+        ranged("  of which job received -> start_date", ("cold", "received_to_first_start_s")),
         ranged("Trigger -> first task start_date (32-task DAG)", ("refill", "trigger_to_first_start_s"), "-"),
         ranged("  of which trigger -> TIs queued (scheduler)", ("refill", "trigger_to_first_queued_s")),
         ranged("  of which first job received -> its start_date", ("refill", "first_received_to_start_s")),
@@ -860,9 +947,12 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, help=f"{DAG_32} runs per worker (default 3, quick 1)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the random trigger offsets")
     ap.add_argument("--trials", type=int, help=f"{DAG_1} trigger -> first start trials per worker (default 20, quick 3; 0 skips)")
+    ap.add_argument("--cold-starts", type=int,
+                    help="new-worker cold starts with a job waiting, per worker (default 5, quick 2; 0 skips)")
+    ap.add_argument("--cold-starts-only", action="store_true", help="measure only the new-worker cold starts")
     args = ap.parse_args(argv)
     defaults = {"idle_seconds": (60.0, 10.0), "settle": (10.0, 3.0), "busy_seconds": (10.0, 3.0), "reps": (3, 1),
-                "trials": (20, 3)}
+                "trials": (20, 3), "cold_starts": (5, 2)}
     for key, (full, quick) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)

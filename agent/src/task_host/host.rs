@@ -120,7 +120,6 @@ impl Host {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("task_env_allow: {e}"))?;
         let env = task_env::inherited(self.environment.iter().cloned(), &allowed);
-        let versions = versions_probe::detect(&settings.python, &env).await;
         let spawner = TaskSpawner::new(
             SpawnerSettings {
                 python: &settings.python,
@@ -131,16 +130,18 @@ impl Host {
                 mode: settings.mode,
                 slots: settings.slots,
             },
-            env.into_iter(),
+            env.iter().cloned(),
         )
         .map_err(|e| format!("creating the private work directory: {e}"))?;
         let spawner = Arc::new(spawner);
         let stop_launcher = CancellationToken::new();
-        // The launcher imports Airflow (seconds) while the agent registers and fetches: a job
+        // The launcher imports Airflow (about a second, the longest step before a new worker's
+        // first task) while the versions are probed and the agent registers and fetches: a job
         // that arrives before it is ready waits for it (see `PreforkLauncher::launch`).
         if let Some(launcher) = spawner.prefork_launcher() {
             tokio::spawn(launcher.supervise(stop_launcher.clone()));
         }
+        let versions = versions_probe::detect(&settings.python, &env).await;
         Ok(Running {
             settings,
             spawner,
