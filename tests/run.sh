@@ -11,6 +11,9 @@
 #   chart   the Helm chart against a real helm (built from the Go module proxy) and the
 #           Kubernetes / KEDA / prometheus-operator schemas
 #   e2e     the agent and the Sentinel against a real Airflow 3 on PostgreSQL, Prometheus
+#   compat  the compatibility matrix (tests/compat/run.sh): the agent and the Sentinel against
+#           older Airflow 3 minors. Named on its own (`tests/run.sh compat`) it runs every pair;
+#           in a run of every stage, the oldest pair (the newest is the e2e stage's own)
 #   keda    KEDA's own scaler code and validation against the chart and a live Sentinel
 #   demo    the demo in its short mode, the local scaler's rules, README reference vs --help
 #   docker  the Sentinel and agent images built FROM scratch with podman; a worker pod (agent
@@ -26,10 +29,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-stages=(rust chart e2e keda demo docker cluster)
+stages=(rust chart e2e compat keda demo docker cluster)
 
 chosen=("$@")
-[ ${#chosen[@]} -gt 0 ] || chosen=("${stages[@]}")
+compat_pairs=()
+[ ${#chosen[@]} -gt 0 ] || { chosen=("${stages[@]}"); compat_pairs=(3.0); }
 for name in "${chosen[@]}"; do
   case " ${stages[*]} " in
     *" $name "*) ;;
@@ -78,10 +82,14 @@ timed() {
 # the last, needs them.
 cluster_build_pid=
 cluster_build_log=
+compat_venvs_pid=
+compat_venvs_log=
 on_exit() {
   print_times
   [ -z "$cluster_build_pid" ] || kill -- -"$cluster_build_pid" 2>/dev/null || true
   [ -z "$cluster_build_log" ] || rm -f "$cluster_build_log"
+  [ -z "$compat_venvs_pid" ] || kill -- -"$compat_venvs_pid" 2>/dev/null || true
+  [ -z "$compat_venvs_log" ] || rm -f "$compat_venvs_log"
 }
 trap on_exit EXIT
 
@@ -90,6 +98,12 @@ if want cluster; then
   cluster_build_log="$(mktemp)"
   setsid nice -n 19 bash tests/cluster/build.sh >"$cluster_build_log" 2>&1 &
   cluster_build_pid=$!
+fi
+# The compatibility matrix's venvs (downloads, a minute or two each when not cached), likewise.
+if want compat; then
+  compat_venvs_log="$(mktemp)"
+  setsid nice -n 19 bash tests/compat/run.sh --venvs "${compat_pairs[@]}" >"$compat_venvs_log" 2>&1 &
+  compat_venvs_pid=$!
 fi
 
 # The binaries every later stage tests (none of them skips for want of a build).
@@ -124,6 +138,15 @@ stage_e2e() {
   # Three tests at a time (mostly they wait on tasks and polls), sharing one Airflow stack;
   # tests/e2e/conftest.py says which run one after another.
   pytest -n 3 tests/e2e
+}
+stage_compat() {
+  step "compatibility matrix: ${compat_pairs[*]:-every pair}"
+  local status=0
+  wait "$compat_venvs_pid" || status=$?
+  compat_venvs_pid=
+  cat "$compat_venvs_log"
+  [ "$status" -eq 0 ] || { echo "building the compatibility matrix's venvs failed (exit $status)" >&2; return 1; }
+  bash tests/compat/run.sh "${compat_pairs[@]}"
 }
 stage_keda() {
   step "KEDA contract (KEDA's own code against the chart and a live Sentinel)"

@@ -25,6 +25,9 @@ Fixtures:
   are still unfinished when it ends are abandoned (:meth:`AirflowStack.abandon_run`:
   run set to ``failed``, its queued edge jobs deleted), so they do not leak into the
   next test's counts or hand a later worker stale jobs.
+* ``astro_agent``: ``astro_agent(name, queues=[...], sync_slots=N, ...)`` starts a real
+  astro-agent and waits until it is ready; every agent started is drained (then stopped) when
+  the test ends.
 * ``python_edge_worker``: ``python_edge_worker(name=..., queues=[...], concurrency=N)``
   starts the real Python ``airflow edge worker``; every worker started is stopped
   when the test ends.
@@ -56,11 +59,14 @@ serve, and not rely on what earlier tests left behind.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 
 import pytest
 
 from harness.airflow_client import AirflowClient
 from harness.airflow_stack import AirflowStack
+from harness.astro_agent_process import AstroAgent
 from harness.python_edge_worker import PythonEdgeWorker
 from harness.xdist_units import unit_scheduler
 
@@ -94,6 +100,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                      "test_agent.py::test_airflow_admin_actions_reach_the_agent"),
     # The module-scoped TLS PostgreSQL and https api-server start once.
     "tls": ("test_tls.py",),
+    # Queue `compat` (e2e_compat_mix), one agent at a time.
+    "queue-compat": ("test_compat_mix.py",),
 }
 
 
@@ -236,6 +244,29 @@ def trigger_dag(airflow):
             airflow.abandon_run(dag_id, run)
         except Exception as e:  # the stack may be half-down after a failure
             print(f"could not clean up {dag_id}/{run}: {e}")
+
+
+@pytest.fixture
+def astro_agent(airflow):
+    """``astro_agent(name, **kw)`` starts a ready agent; each is stopped at test end
+    (a drain, then a second SIGTERM so no task outlives the test)."""
+    agents: list[AstroAgent] = []
+
+    def start(name: str, **kwargs) -> AstroAgent:
+        agent = AstroAgent(airflow, name, **kwargs)
+        agents.append(agent)
+        return agent.start()
+
+    yield start
+
+    for agent in agents:
+        if agent.daemon.alive():
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(3)
+            except subprocess.TimeoutExpired:
+                agent.send_signal(signal.SIGTERM)
+            agent.stop(timeout=60)
 
 
 @pytest.fixture

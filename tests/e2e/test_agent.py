@@ -4,40 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from datetime import datetime
 
 import pytest
 
-from harness.astro_agent_process import AstroAgent
 from harness.procs import wait_for
 
 MARKER = "astro-e2e marker"
 # The queues of e2e_long_8 and e2e_mapped_4 (e2e_short_40's is `default`).
 LONG, MAPPED = "long", "mapped"
-
-
-@pytest.fixture
-def astro_agent(airflow):
-    """``astro_agent(name, **kw)`` starts a ready agent; each is stopped at test end
-    (a drain, then a second SIGTERM so no task outlives the test)."""
-    agents: list[AstroAgent] = []
-
-    def start(name: str, **kwargs) -> AstroAgent:
-        agent = AstroAgent(airflow, name, **kwargs)
-        agents.append(agent)
-        return agent.start()
-
-    yield start
-
-    for agent in agents:
-        if agent.daemon.alive():
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(3)
-            except subprocess.TimeoutExpired:
-                agent.send_signal(signal.SIGTERM)
-            agent.stop(timeout=60)
 
 
 def _ts(value: str) -> datetime:

@@ -39,6 +39,14 @@ def failer() -> None:
 
 
 @task
+def fails_on_first_try() -> None:
+    """Fails its first try and succeeds on the next (give it a retry)."""
+    print(marker_line(), flush=True)
+    if get_current_context()["ti"].try_number == 1:
+        raise RuntimeError("astro-e2e intended failure on the first try")
+
+
+@task
 def big_logger(lines: int) -> None:
     print(marker_line(), flush=True)
     filler = "x" * 90

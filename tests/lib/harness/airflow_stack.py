@@ -62,10 +62,17 @@ PASSWORD = "admin"
 EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
 
 
+#: A requirements file in place of tests/requirements-airflow.txt: another Airflow and Edge
+#: provider (the compatibility matrix, tests/compat/run.sh, sets it).
+REQUIREMENTS_OVERRIDE = "ASTRO_AIRFLOW_REQUIREMENTS"
+
+
 def airflow_venv() -> Path:
     """Path of the cached venv with Airflow + the Edge provider (built on first use)."""
+    override = os.environ.get(REQUIREMENTS_OVERRIDE)
     out = subprocess.run(
-        ["bash", str(TESTS_DIR / "lib" / "venvs.sh"), "airflow"], check=True, stdout=subprocess.PIPE, text=True
+        ["bash", str(TESTS_DIR / "lib" / "venvs.sh"), "airflow", *([override] if override else [])],
+        check=True, stdout=subprocess.PIPE, text=True,
     ).stdout
     return Path(out.strip().splitlines()[-1])
 
