@@ -32,12 +32,14 @@ def unit_scheduler(config, log, unit_of: Callable[[str], str], rank: Callable[[s
             super()._assign_work_unit(node)
 
         def _reschedule(self, node) -> None:
-            if node.shutting_down:
+            if node.shutting_down or self._pending_of(self.assigned_work[node]) > 1:
                 return
-            if not self.workqueue:
-                node.shutdown()
-                return
-            if self._pending_of(self.assigned_work[node]) <= 1:
+            # One test left: hand over the next unit, or tell the process to stop (with fewer
+            # units than processes that is at once for some, and must wait for their last test
+            # for the others: a process told to stop earlier drops the tests it holds).
+            if self.workqueue:
                 self._assign_work_unit(node)
+            else:
+                node.shutdown()
 
     return UnitScheduling(config, log)
