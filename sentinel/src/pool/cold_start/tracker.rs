@@ -8,7 +8,7 @@
 //! * A rise of `spec.replicas` takes the pool's pending demand (the refresh that first saw
 //!   backlog wanting more workers than the replicas) as its "backlog seen", and its new Pods as
 //!   they appear. The Pod and the Deployment come through two watches with no order between
-//!   them: a new Pod seen before its rise waits [`RISE_MATCH`] for it, and one no rise claims
+//!   them: a new Pod seen before its rise waits ten seconds for it, and one no rise claims
 //!   (a replacement Pod, a rollout) is no scale-up and is dropped.
 //! * A Pod the Sentinel finds already starting when it (re)lists — it restarted mid-start —
 //!   is followed from its objects' own timestamps; the phases before it are absent.
