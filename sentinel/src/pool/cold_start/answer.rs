@@ -104,3 +104,53 @@ fn entry(s: &ColdStart) -> ColdStartEntry {
             .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::phase::{Mark, Phase};
+    use super::super::record::{Incomplete, StartKind};
+    use super::*;
+
+    const T: u64 = 1_800_000_000_000;
+
+    #[test]
+    fn the_shape_the_page_reads() {
+        let mut complete = ColdStart::new("w-1", StartKind::FromZero, Phase::AIRFLOW_ONLY);
+        complete.mark(Phase::BacklogSeen, Mark::sentinel(T));
+        complete.mark(Phase::AgentRegistered, Mark::airflow(T + 1_250));
+        complete.mark(Phase::FirstTaskRunning, Mark::airflow(T + 2_000));
+        complete.outcome = Outcome::Complete;
+        let mut gone = ColdStart::new("w-2", StartKind::Additional, Phase::AIRFLOW_ONLY);
+        gone.mark(Phase::BacklogSeen, Mark::sentinel(T + 5_000));
+        gone.outcome = Outcome::Incomplete(Incomplete::WorkerGone);
+        let json = serde_json::to_value(cold_starts_answer(&[complete, gone], Phase::AIRFLOW_ONLY))
+            .unwrap();
+        assert_eq!(
+            json["phases"],
+            serde_json::json!(["backlogSeen", "agentRegistered", "firstTaskRunning"])
+        );
+        assert_eq!(
+            (json["totalP50Ms"].as_u64(), json["totalP90Ms"].as_u64()),
+            (Some(2000), Some(2000))
+        );
+        assert_eq!(
+            json["starts"][0],
+            serde_json::json!({"worker": "w-1", "kind": "fromZero", "outcome": "complete",
+                "endedBy": null,
+                "phases": [
+                    {"phase": "backlogSeen", "at": "2027-01-15T08:00:00Z", "seen": "sentinel"},
+                    {"phase": "agentRegistered", "at": "2027-01-15T08:00:01.250Z", "seen": "airflow"},
+                    {"phase": "firstTaskRunning", "at": "2027-01-15T08:00:02Z", "seen": "airflow"}],
+                "durations": [
+                    {"from": "backlogSeen", "to": "agentRegistered", "ms": 1250},
+                    {"from": "agentRegistered", "to": "firstTaskRunning", "ms": 750}],
+                "totalMs": 2000})
+        );
+        assert_eq!(json["starts"][1]["outcome"], "incomplete");
+        assert_eq!(json["starts"][1]["endedBy"], "workerGone");
+        assert_eq!(json["starts"][1]["totalMs"], serde_json::Value::Null);
+        let none = serde_json::to_value(cold_starts_answer(&[], Phase::KUBERNETES)).unwrap();
+        assert_eq!(none["totalP50Ms"], serde_json::Value::Null);
+        assert_eq!(none["phases"].as_array().unwrap().len(), 6);
+    }
+}
