@@ -4,8 +4,9 @@
 //! it running, read in one query or listing bounded by the start's beginning).
 //!
 //! Asked on the refresh cadence only while a start is open, so a pool at rest costs Airflow
-//! nothing. Outside Kubernetes the Edge worker census, which reads the list anyway, hands it to
-//! the tracker; here only the first tasks are asked.
+//! nothing, and in one request or query for all pools. Outside Kubernetes the Edge worker
+//! census, which reads the list anyway, hands it to the tracker; here only the first tasks are
+//! asked.
 
 use super::tracker::ColdStarts;
 use crate::history::clock::unix_ms;
@@ -71,16 +72,27 @@ impl AirflowPhases {
                 self.tracker.workers_listed(pool, seen_ms, &online);
             }
         }
-        for (pool, queues, a) in &awaiting {
-            let since = UNIX_EPOCH + Duration::from_millis(a.since_ms);
-            let started = self
-                .source
-                .first_task_starts(queues, &a.workers, since)
-                .await?;
-            let started: HashMap<String, u64> = started
-                .into_iter()
-                .map(|(host, at)| (host, unix_ms(at)))
-                .collect();
+        // One question for every pool at once, as for the backlog: the union of their queues
+        // and workers, since the oldest open start.
+        let mut queues: Vec<String> = awaiting.iter().flat_map(|(_, q, _)| q.to_vec()).collect();
+        let mut hosts: Vec<String> = awaiting
+            .iter()
+            .flat_map(|(_, _, a)| a.workers.clone())
+            .collect();
+        for list in [&mut queues, &mut hosts] {
+            list.sort();
+            list.dedup();
+        }
+        let since_ms = awaiting.iter().map(|(_, _, a)| a.since_ms).min();
+        let since = UNIX_EPOCH + Duration::from_millis(since_ms.unwrap_or_default());
+        let started: HashMap<String, u64> = self
+            .source
+            .first_task_starts(&queues, &hosts, since)
+            .await?
+            .into_iter()
+            .map(|(host, at)| (host, unix_ms(at)))
+            .collect();
+        for (pool, _, _) in &awaiting {
             self.tracker.first_tasks(pool, &started);
         }
         Ok(())
