@@ -14,6 +14,10 @@ pub struct ListedEdgeWorker {
     pub state: String,
     /// `None`: the worker takes jobs from every queue.
     pub queues: Option<Vec<String>>,
+    /// When the worker first registered (RFC 3339, Airflow's clock); kept across its
+    /// re-registrations under the same name.
+    #[serde(default)]
+    pub first_online: Option<String>,
 }
 
 /// What a listed worker's state means for the count of running workers.
@@ -63,6 +67,7 @@ mod tests {
             worker_name: "w".into(),
             state: state.into(),
             queues: queues.map(|q| q.iter().map(|s| s.to_string()).collect()),
+            first_online: None,
         }
     }
 

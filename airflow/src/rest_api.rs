@@ -94,6 +94,7 @@ pub mod call {
     pub const COUNT: &str = "rest_count";
     pub const RUNNING: &str = "rest_running";
     pub const EDGE_WORKERS: &str = "rest_edge_workers";
+    pub const FIRST_STARTS: &str = "rest_first_starts";
     pub const LIST: &str = "rest_list";
 }
 
@@ -144,6 +145,9 @@ pub struct ListedTaskInstance {
     pub pool_slots: u64,
     /// When the scheduler queued it (RFC 3339).
     pub queued_when: Option<String>,
+    /// When the task started running (RFC 3339, Airflow's clock); `None` before it has.
+    #[serde(default)]
+    pub start_date: Option<String>,
 }
 
 impl RestApiClient {
@@ -227,6 +231,46 @@ impl RestApiClient {
             offset += listed;
             if listed == 0 || offset >= page.total_entries {
                 return Ok(slots);
+            }
+        }
+    }
+
+    /// The earliest `start_date` (RFC 3339) of the task instances on any of `queues` that
+    /// started at or after `since` (RFC 3339), by hostname, for the hostnames in `hosts` only.
+    /// Started task instances are listed oldest first, so the first one of a host is its
+    /// first task; the listing is bounded by `since`, not by how many tasks the queues ran.
+    pub async fn first_starts_by_host(
+        &self,
+        queues: &[String],
+        hosts: &[String],
+        since: &str,
+    ) -> Result<HashMap<String, String>, ApiError> {
+        let mut first: HashMap<String, String> = HashMap::new();
+        let mut offset = 0u64;
+        loop {
+            let mut url = self.task_instances_url();
+            {
+                let mut query = url.query_pairs_mut();
+                for queue in queues {
+                    query.append_pair("queue", queue);
+                }
+                query.append_pair("start_date_gte", since);
+                query.append_pair("order_by", "start_date");
+                query.append_pair("limit", &PAGE_REQUEST.to_string());
+                query.append_pair("offset", &offset.to_string());
+            }
+            let page: TaskInstancePage = self.get_json(call::FIRST_STARTS, url).await?;
+            let listed = page.task_instances.len() as u64;
+            for ti in page.task_instances {
+                if let (Some(host), Some(start)) = (ti.hostname, ti.start_date) {
+                    if hosts.contains(&host) {
+                        first.entry(host).or_insert(start);
+                    }
+                }
+            }
+            offset += listed;
+            if listed == 0 || offset >= page.total_entries || first.len() == hosts.len() {
+                return Ok(first);
             }
         }
     }

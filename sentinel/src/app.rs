@@ -14,7 +14,8 @@ use crate::history::recorder::{HistoryRecorder, RecorderInputs};
 use crate::history::store::{History, HistoryData};
 use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
-use crate::pool::{ClusterSource, DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
+use crate::pool::cold_start::airflow_phases::AirflowPhases;
+use crate::pool::{ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
 use crate::serve::api::{handle, AppState};
 use crate::serve::auth::static_tokens::StaticTokens;
 use crate::serve::auth::token_review::{ReviewCounters, TokenReviewer};
@@ -197,8 +198,21 @@ pub async fn start_with(
     let cache = Arc::new(BacklogCache::new(Snapshot::empty(&queues)));
     let readiness = Readiness::default();
     log_starting(&config, source.kind(), queues.len());
-    let history = start_history(&config.history, &config.workers, &mut tasks)?;
-    let pool = start_pool_view(&config, kubernetes.as_ref(), &source, &metrics, &mut tasks)?;
+    let cold_starts = start_cold_starts(&config, &source, &metrics, &mut tasks);
+    let history = start_history(
+        &config.history,
+        &config.workers,
+        cold_starts.clone(),
+        &mut tasks,
+    )?;
+    let pool = start_pool_view(
+        &config,
+        kubernetes.as_ref(),
+        &source,
+        &metrics,
+        cold_starts,
+        &mut tasks,
+    )?;
     metrics.follow_cluster(pool.clone());
     let refresh = RefreshLoop {
         source: source.clone(),
@@ -293,10 +307,12 @@ fn authenticator(
     Ok(Authenticator::new(static_tokens, token_review))
 }
 
-/// The scaling history, loaded from `history.path` and kept saved there when it is set.
+/// The scaling history, loaded from `history.path` and kept saved there when it is set, with
+/// the pools' cold starts (in memory only).
 fn start_history(
     config: &HistoryConfig,
     workers: &[WorkerConfig],
+    cold_starts: Arc<ColdStarts>,
     tasks: &mut Tasks,
 ) -> Result<Arc<History>, StartError> {
     let data = match &config.path {
@@ -312,7 +328,9 @@ fn start_history(
         }
         None => HistoryData::default(),
     };
-    let history = Arc::new(History::new(Arc::new(SystemClock), instance_name(), data));
+    let history = Arc::new(
+        History::new(Arc::new(SystemClock), instance_name(), data).with_cold_starts(cold_starts),
+    );
     if let Some(path) = &config.path {
         tasks.spawn(persist::keep_saved(
             history.clone(),
@@ -343,13 +361,42 @@ fn history_recorder(
     )
 }
 
+/// The tracker of every worker's cold start, and its look at Airflow for the phases only
+/// Airflow knows (registration, first task).
+fn start_cold_starts(
+    config: &Config,
+    source: &Arc<dyn BacklogSource>,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) -> Arc<ColdStarts> {
+    let cold_starts = Arc::new(ColdStarts::new(
+        config.workers.iter().map(|w| w.name.clone()),
+        config.kubernetes.is_some(),
+        Some(metrics.cold_starts.clone()),
+    ));
+    let phases = AirflowPhases {
+        tracker: cold_starts.clone(),
+        source: source.clone(),
+        pools: config
+            .workers
+            .iter()
+            .map(|w| (w.name.clone(), w.queues.clone()))
+            .collect(),
+        interval: config.refresh_interval,
+    };
+    tasks.spawn(phases.run(tasks.shutdown.clone()));
+    cold_starts
+}
+
 /// With a kubernetes section, the watch of the worker Deployments and pods answers for the
-/// pool view (and feeds the pod-deletion costs); otherwise Airflow's list of Edge workers.
+/// pool view (and feeds the pod-deletion costs and the cold starts); otherwise Airflow's list
+/// of Edge workers.
 fn start_pool_view(
     config: &Config,
     kubernetes: Option<&KubernetesAccess>,
     source: &Arc<dyn BacklogSource>,
     metrics: &Metrics,
+    cold_starts: Arc<ColdStarts>,
     tasks: &mut Tasks,
 ) -> Result<Arc<dyn ClusterSource>, StartError> {
     let workers: Vec<(String, Vec<String>)> = config
@@ -362,6 +409,7 @@ fn start_pool_view(
             source.clone(),
             workers,
             config.refresh_interval,
+            cold_starts,
         ));
         tasks.spawn(census.clone().run(tasks.shutdown.clone()));
         return Ok(census);
@@ -375,6 +423,7 @@ fn start_pool_view(
     let watch = Arc::new(WorkloadWatch::start(
         client.clone(),
         &k8s.namespace,
+        cold_starts,
         tasks.shutdown.clone(),
     ));
     tracing::info!(namespace = %k8s.namespace, idle_first_scale_in = k8s.idle_first_scale_in, "watching worker Deployments and pods");

@@ -102,6 +102,12 @@ async fn history_shows_series_tiles_findings_and_decisions() {
     assert_eq!(body["tiles"]["waitingForCapacitySeconds"], Value::Null);
     assert_eq!(body["findings"][0]["kind"], "withinRange");
     assert_eq!(body["decisions"], json!([]));
+    // Outside Kubernetes only Airflow's phases of a cold start, and no start has happened.
+    assert_eq!(
+        body["coldStarts"],
+        json!({"phases": ["backlogSeen", "agentRegistered", "firstTaskRunning"],
+               "starts": [], "totalP50Ms": null, "totalP90Ms": null})
+    );
 
     // A burst: wanted 10, held at the maximum of 5.
     fake.set("default", 30, 10);

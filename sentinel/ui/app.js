@@ -39,6 +39,23 @@
     { key: "wanted", label: "Wanted", cls: "line-wanted" },
   ];
 
+  // Cold-start phases by their API names, as people read them (each bar segment is named
+  // by the phase it ends at).
+  const PHASES = {
+    backlogSeen: "Backlog seen",
+    replicasRaised: "Replicas raised",
+    podScheduled: "Pod scheduled",
+    containerStarted: "Container started",
+    agentRegistered: "Agent registered",
+    firstTaskRunning: "First task running",
+  };
+  const ENDED_BY = {
+    podDeleted: "its Pod was deleted first",
+    workerGone: "the worker left first",
+    timedOut: "no task within 15 minutes",
+  };
+  const MAX_COLD_STARTS = 20;
+
   const $ = (id) => document.getElementById(id);
 
   // ---- DOM helpers ---------------------------------------------------------------------
@@ -455,7 +472,53 @@
       ? `Recorded by ${h.recordedBy} since ${dateAndTime(since)}. Each Sentinel replica keeps its own record.`
       : `Recorded by ${h.recordedBy}, which has not recorded anything for this worker yet.`;
 
+    renderColdStarts(h.coldStarts || { starts: [], phases: [] });
     renderDecisions(h.decisions || []);
+  }
+
+  function seconds(ms) {
+    return ms < 10000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`;
+  }
+
+  // One stacked bar per start, newest first: the time between each two phases it went
+  // through, on one scale for all bars shown, and the p50/p90 of the totals above.
+  function renderColdStarts(c) {
+    const starts = [...c.starts].reverse().slice(0, MAX_COLD_STARTS);
+    const complete = c.starts.filter((s) => s.outcome === "complete").length;
+    $("cold-starts-summary").textContent = !c.starts.length
+      ? "No cold start in this period."
+      : `${plural(c.starts.length, "start", "starts")} in this period, ${complete} complete`
+        + (typeof c.totalP50Ms === "number"
+          ? `; backlog seen → first task running: p50 ${seconds(c.totalP50Ms)}, p90 ${seconds(c.totalP90Ms)}.`
+          : "; none measured from backlog seen to first task running.");
+    $("cold-starts-legend").replaceChildren(...c.phases.slice(1).map((p) =>
+      el("li", { class: "legend-item" }, el("span", { class: `phase-box phase-${p}` }), PHASES[p] || p)));
+    const longest = Math.max(1, ...starts.map((s) => s.durations.reduce((sum, d) => sum + d.ms, 0)));
+    $("cold-starts-list").replaceChildren(...starts.map((s) => coldStartRow(s, longest)));
+  }
+
+  function coldStartRow(s, longest) {
+    const width = 400;
+    const height = 14;
+    const svg = svgEl("svg", { class: "cold-start-bar", viewBox: `0 0 ${width} ${height}`, width, height,
+      role: "img", "aria-label": s.durations.map((d) => `${PHASES[d.to] || d.to} ${seconds(d.ms)}`).join(", ") || "no phases timed" });
+    let x = 0;
+    for (const d of s.durations) {
+      const w = (d.ms / longest) * width;
+      const rect = svgEl("rect", { class: `phase-${d.to}`, x, y: 0, width: Math.max(w, 1), height });
+      rect.append(svgEl("title", {}, `${PHASES[d.from] || d.from} → ${PHASES[d.to] || d.to}: ${seconds(d.ms)}`));
+      svg.append(rect);
+      x += w;
+    }
+    const began = s.phases.length ? dateAndTime(Date.parse(s.phases[0].at)) : "";
+    const outcome = s.outcome === "complete"
+      ? (typeof s.totalMs === "number" ? `total ${seconds(s.totalMs)}` : "complete (began before this Sentinel saw it)")
+      : s.outcome === "inProgress" ? "in progress" : `incomplete: ${ENDED_BY[s.endedBy] || s.endedBy}`;
+    return el("li", { class: "cold-start", "data-outcome": s.outcome, "data-kind": s.kind },
+      el("span", { class: "cold-start-label" },
+        `${began} · ${s.kind === "fromZero" ? "from zero" : "additional worker"} · ${s.worker}`),
+      svg,
+      el("span", { class: "cold-start-total" }, outcome));
   }
 
   // Why the running workers are unknown. Without Kubernetes (no Workers line either) they

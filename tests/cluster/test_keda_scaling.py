@@ -9,7 +9,8 @@
 3. A pool whose workers need more CPU than the nodes have for its maximum: the extra pods stay
    Pending (unschedulable) while the others run the backlog; nothing is lost. The Sentinel's
    scaling history and its page (in a real headless Chromium, through the Service) say that the
-   workers waited for room on the cluster. With ``ASTRO_CLUSTER_SCREENSHOT=/some/file.png`` the
+   workers waited for room on the cluster, and times each worker's cold start (history API,
+   page, /metrics). With ``ASTRO_CLUSTER_SCREENSHOT=/some/file.png`` the
    page's screenshot is copied there.
 """
 
@@ -184,6 +185,51 @@ def test_keda_scales_a_burst_from_zero_to_max_and_back_draining_deleted_pods(sca
             busy_at_deletion.append((story.name, [t["task_id"] for t in running], round(drain, 1)))
     print(f"deleted pods that were running tasks (pod, tasks, seconds to exit): {busy_at_deletion}")
     assert busy_at_deletion, "no deleted pod was running a task: the drain was not exercised"
+    _cold_starts_were_timed(scaling["token"], BURST, set(stories))
+
+
+COLD_START_PHASES = ["backlogSeen", "replicasRaised", "podScheduled", "containerStarted",
+                     "agentRegistered", "firstTaskRunning"]
+
+
+def _cold_starts_were_timed(token: str, deployment: str, pods: set[str]) -> None:
+    """The scale-up from zero is in the history as a complete cold start, every phase seen and
+    in order, and in the Sentinel's histograms; prints each start's phase figures."""
+    headers = {"Authorization": f"Bearer {token}"}
+    response = requests.get(f"{SENTINEL}/v1/workers/{deployment}/history", params={"range": "15m"},
+                            headers=headers, timeout=5)
+    assert response.status_code == 200, response.text
+    cold = response.json()["coldStarts"]
+    assert cold["phases"] == COLD_START_PHASES
+    print(f"\ncold starts of {deployment}: p50 {cold['totalP50Ms']} ms, p90 {cold['totalP90Ms']} ms")
+    for s in cold["starts"]:
+        steps = ", ".join(f"{d['to']} +{d['ms']}" for d in s["durations"])
+        seen = ",".join(p["seen"][0] for p in s["phases"])
+        print(f"  {s['worker']} {s['kind']} {s['outcome']}{' (' + s['endedBy'] + ')' if s['endedBy'] else ''}: "
+              f"{steps}; total {s['totalMs']} ms [seen {seen}]")
+    # The range also holds the release's install, whose first Pod KEDA took away again.
+    burst = [s for s in cold["starts"] if s["worker"] in pods]
+    from_zero = [s for s in burst if s["kind"] == "fromZero"]
+    assert len(from_zero) == 1, "the one Pod of KEDA's activation is the start from zero"
+    (first,) = from_zero
+    assert first["outcome"] == "complete", first
+    assert [p["phase"] for p in first["phases"]] == COLD_START_PHASES, first
+    moments = [_parse_time(p["at"]) for p in first["phases"]]
+    assert moments == sorted(moments), f"phases out of order: {first['phases']}"
+    assert first["totalMs"] == sum(d["ms"] for d in first["durations"]) > 0, first
+    assert sum(1 for s in burst if s["kind"] == "additional") >= 1, "the HPA's Pods"
+
+    metrics = requests.get(f"{SENTINEL}/metrics", timeout=5).text
+    label = f'worker="{deployment}"'
+
+    def count(name: str, *labels: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith(name + "{") and label in line and all(l in line for l in labels))
+
+    assert count("astro_sentinel_cold_start_seconds_count", 'start="from_zero"') >= 1
+    for phase in ("replicas_raised", "pod_scheduled", "container_started", "agent_registered",
+                  "first_task_running"):
+        assert count("astro_sentinel_cold_start_phase_seconds_count", f'phase="{phase}"') >= 1, phase
 
 
 def _page_says_workers_waited(token: str, deployment: str, folder: Path) -> None:
@@ -206,6 +252,11 @@ def _page_says_workers_waited(token: str, deployment: str, folder: Path) -> None
         for key in ("wanted", "workers", "running"):
             assert chart.find_elements(By.CSS_SELECTOR, f'path[data-series="{key}"]'), f"{key} not drawn"
         assert not by_id(d, "missing-note").is_displayed()
+        # The pool's start from zero, with a bar per start.
+        starts = by_id(d, "cold-starts-list").find_elements(By.CSS_SELECTOR, "li.cold-start")
+        assert any(li.get_attribute("data-kind") == "fromZero" for li in starts), [li.text for li in starts]
+        assert all(li.find_elements(By.CSS_SELECTOR, "svg.cold-start-bar") for li in starts)
+        d.execute_script("document.getElementById('cold-starts').scrollIntoView()")
         shot = save(d, folder, "cluster-scaling-history.png")
         print(f"\npage: {waiting}; findings {findings}; screenshot {shot}")
         target = os.environ.get("ASTRO_CLUSTER_SCREENSHOT")

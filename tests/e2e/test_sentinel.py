@@ -7,7 +7,8 @@ For each source (``airflow-api``: the public REST API with username/password;
 1. 30 tasks queued on queue ``sentinel`` with no worker → the Sentinel reports
    ``queued 30``, ``backlog 30`` and ``desiredReplicas = ceil(30 / syncSlots)``
    within two refresh intervals of Airflow's own count reaching 30;
-2. a real Python edge worker starts → the backlog falls to 0 as the tasks finish;
+2. an astro-agent starts → the backlog falls to 0 as the tasks finish, and the history
+   times its cold start from Airflow alone (backlog seen → registered → first task running);
 3. another 30 queued, then the upstream stops (the api-server, or PostgreSQL) → the
    last value (30, never 0) until the staleness limit, then 503;
 4. the upstream comes back → 200 again.
@@ -42,6 +43,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from harness.astro_agent_process import AstroAgent
 from harness.procs import Daemon, free_port, wait_for
 from harness.prometheus_server import promtool
 
@@ -61,7 +63,7 @@ TOKEN = "e2e-" + secrets.token_hex(16)
 
 @pytest.fixture
 def airflow(own_airflow):
-    """This module's tests, ``trigger_dag`` and ``python_edge_worker`` included, run on a stack
+    """This module's tests, ``trigger_dag`` and ``astro_agents`` included, run on a stack
     no other test uses: they stop its api-server and its database."""
     return own_airflow
 
@@ -259,8 +261,23 @@ def sentinels():
         s.stop()
 
 
+@pytest.fixture
+def astro_agents(airflow):
+    """``astro_agents(name, **kw)`` starts a ready astro-agent; each is stopped at test end."""
+    agents: list[AstroAgent] = []
+
+    def start(name: str, **kwargs) -> AstroAgent:
+        agent = AstroAgent(airflow, name, **kwargs)
+        agents.append(agent)
+        return agent.start()
+
+    yield start
+    for agent in agents:
+        agent.stop()
+
+
 @pytest.mark.parametrize("source", ["airflow-api", "postgres"])
-def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, python_edge_worker,
+def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, astro_agents,
                                           sentinel_bin, sentinels, tmp_path):
     client = airflow.client
     cleanup = []
@@ -283,7 +300,7 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, python_e
         env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
         upstream_per_refresh = 2  # one GROUP BY for all queues, and the Edge workers
     try:
-        run_scenario(source, airflow, client, trigger_dag, python_edge_worker, sentinel_bin, sentinels,
+        run_scenario(source, airflow, client, trigger_dag, astro_agents, sentinel_bin, sentinels,
                      tmp_path, source_config, env, upstream_per_refresh)
     finally:
         for s in sentinels:
@@ -295,7 +312,7 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, python_e
                 print(f"cleanup step failed: {e}")
 
 
-def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, sentinel_bin, sentinels,
+def run_scenario(source, airflow, client, trigger_dag, astro_agents, sentinel_bin, sentinels,
                  tmp_path, source_config, env, upstream_per_refresh):
     s = Sentinel(sentinel_bin, tmp_path / "sentinel", source_config, env)
     sentinels.append(s)
@@ -346,7 +363,9 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
     assert f'astro_sentinel_worker_desired_replicas{{worker="{WORKER}"}} 8' in metrics
 
     # 2. A worker starts: the backlog drains to 0.
-    worker = python_edge_worker(name=f"py-sentinel-{source}", queues=[QUEUE], concurrency=8)
+    # The agent names its tasks' host after itself, as the chart's Pods do: the Sentinel finds
+    # the worker's first task by it.
+    worker = astro_agents(f"astro-sentinel-{source}", queues=[QUEUE], sync_slots=8)
     observed = []
 
     def drained():
@@ -361,7 +380,7 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
     print(f"{source}: backlog while the worker ran: {sorted(set(observed), reverse=True)}")
     assert client.count(QUEUE, ["queued", "running"]) == 0
     # Outside Kubernetes the history's Running line is Airflow's count of online Edge workers
-    # on the queue: the one Python worker, then none once it has stopped.
+    # on the queue: the one worker, then none once it has stopped.
     wait_for(lambda: newest_sample(s)["running"] == 1, 30, "the history to record 1 running worker",
              on_timeout=lambda: f"{newest_sample(s)}")
     assert worker.stop() == 0
@@ -369,6 +388,17 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
              on_timeout=lambda: f"{newest_sample(s)}")
     history = json.loads(s.get(f"/v1/workers/{WORKER}/history?range=15m")[1])
     assert set(history["missing"]) == {"workers", "waiting"}, history["missing"]
+    # Outside Kubernetes a cold start is timed from Airflow alone: backlog seen (the refresh),
+    # the worker's registration and its first task; the Kubernetes phases are absent, not 0.
+    cold = history["coldStarts"]
+    assert cold["phases"] == ["backlogSeen", "agentRegistered", "firstTaskRunning"]
+    (start,) = [c for c in cold["starts"] if c["worker"] == worker.name]
+    print(f"{source}: cold start of {worker.name}: {start['durations']}, total {start['totalMs']} ms")
+    assert (start["kind"], start["outcome"]) == ("fromZero", "complete"), start
+    assert [p["phase"] for p in start["phases"]] == cold["phases"]
+    assert [p["seen"] for p in start["phases"]] == ["sentinel", "airflow", "airflow"]
+    assert start["totalMs"] == sum(d["ms"] for d in start["durations"]) > 0
+    assert f'astro_sentinel_cold_start_seconds_count{{start="from_zero",worker="{WORKER}"}} 1' in s.check_metrics()
     assert s.worker(SHARED)[1]["desiredReplicas"] == 1, "held at minReplicas"
 
     # Upstream cost: a fixed number of reads per refresh, however often we asked.
@@ -378,9 +408,13 @@ def run_scenario(source, airflow, client, trigger_dag, python_edge_worker, senti
     # and a few more on a loaded one (seen: 6 behind over 114 refreshes at load 12), where its
     # timer fires late. The bound that matters is the upper one: asking more often costs
     # Airflow nothing extra.
+    # The agent's cold start (one per worker Deployment on the queue) asks for its first task,
+    # one request or query for both, on each refresh until it has run: while the agent's
+    # launcher imports Airflow, a few seconds.
     lag = 1 + refreshes // 10
-    assert refreshes * upstream_per_refresh - lag <= upstream <= (refreshes + 1) * upstream_per_refresh + 4, \
-        (refreshes, upstream)
+    first_task_looks = 5
+    assert refreshes * upstream_per_refresh - lag <= upstream \
+        <= (refreshes + 1) * upstream_per_refresh + 4 + first_task_looks, (refreshes, upstream)
 
     # 3. Thirty more queued, then the upstream goes away: the last value, then 503 — never 0.
     trigger_dag(DAG)

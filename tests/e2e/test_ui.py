@@ -41,6 +41,8 @@ from harness.sentinel_page import sign_in as sign_in_with
 from test_sentinel import DAG, QUEUE, SHARED, TASKS, TOKEN, WORKER, Sentinel, sentinel_bin  # noqa: F401
 
 TOKEN_KEY = "astro-sentinel-token"
+COLD_START_PHASES = ["backlogSeen", "replicasRaised", "podScheduled", "containerStarted",
+                     "agentRegistered", "firstTaskRunning"]
 RANGES = ["Last 15 minutes", "Last 1 hour", "Last 6 hours", "Last 1 day", "Last 7 days", "Last 14 days"]
 
 
@@ -328,6 +330,27 @@ def contract_history(worker: str) -> dict:
                        "terminating": 1 if minute == len(wanted) - 1 else 0, "backlog": 4 * w,
                        "queued": w, "runningTasks": 3 * w, "minReplicas": 1, "maxReplicas": 5})
     series[-1]["running"] = 1
+
+    def cold_start(worker_pod: str, kind: str, began: datetime, steps_ms: list[int], outcome: str,
+                   ended_by: str | None) -> dict:
+        """A start with the first ``len(steps_ms) + 1`` phases, ``steps_ms`` apart."""
+        at, phases, durations = began, [], []
+        for i, phase in enumerate(COLD_START_PHASES[:len(steps_ms) + 1]):
+            if i:
+                at += timedelta(milliseconds=steps_ms[i - 1])
+                durations.append({"from": COLD_START_PHASES[i - 1], "to": phase, "ms": steps_ms[i - 1]})
+            phases.append({"phase": phase, "at": iso(at), "seen": "airflow" if i > 3 else "sentinel"})
+        total = sum(steps_ms) if len(steps_ms) == 5 else None
+        return {"worker": worker_pod, "kind": kind, "outcome": outcome, "endedBy": ended_by,
+                "phases": phases, "durations": durations, "totalMs": total}
+
+    cold_starts = {
+        "phases": COLD_START_PHASES, "totalP50Ms": 4200, "totalP90Ms": 4200,
+        "starts": [cold_start(f"{worker}-7c9d8-a1", "fromZero", start + timedelta(minutes=1),
+                              [1500, 300, 900, 400, 1100], "complete", None),
+                   cold_start(f"{worker}-7c9d8-b2", "additional", start + timedelta(minutes=3),
+                              [200, 12000], "incomplete", "podDeleted")],
+    }
     return {
         "worker": worker, "range": "15m", "from": iso(start), "to": iso(now), "stepSeconds": 60,
         "minReplicas": 1, "maxReplicas": 5, "syncSlots": 4,
@@ -335,6 +358,7 @@ def contract_history(worker: str) -> dict:
         "missing": [], "series": series,
         "tiles": {"peakWanted": 5, "atMaximumSeconds": 120, "waitingForCapacitySeconds": 0},
         "findings": [{"kind": "atMaximum", "text": "Ran at its maximum of 5 workers for 2 min.", "seconds": 120}],
+        "coldStarts": cold_starts,
         "decisions": [{"t": iso(start + timedelta(minutes=2)), "what": "desiredReplicas", "from": 1, "to": 2,
                        "queued": 2, "runningTasks": 6, "backlog": 8, "syncSlots": 4, "minReplicas": 1,
                        "maxReplicas": 5, "formula": "ceil(8 / 4) = 2, held within 1..5", "source": "airflow-api"},
@@ -394,4 +418,22 @@ def test_page_draws_a_contract_shaped_history_with_kubernetes_data(sentinel, bro
     rows = by_id(d, "decisions").find_elements(By.CSS_SELECTOR, "tbody tr")
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == ["Workers 2 → 3", "Wanted 1 → 2"]
     assert rows[0].find_elements(By.TAG_NAME, "td")[5].text == "ceil(12 / 4) = 3, held within 1..5"
+    # Cold starts, newest first: a bar segment per phase timed, on one scale.
+    assert by_id(d, "cold-starts-summary").text == (
+        "2 starts in this period, 1 complete; backlog seen → first task running: p50 4.2 s, p90 4.2 s.")
+    starts = by_id(d, "cold-starts-list").find_elements(By.CSS_SELECTOR, "li.cold-start")
+    assert [li.get_attribute("data-outcome") for li in starts] == ["incomplete", "complete"]
+    assert starts[0].find_element(By.CSS_SELECTOR, ".cold-start-total").text == \
+        "incomplete: its Pod was deleted first"
+    assert starts[1].find_element(By.CSS_SELECTOR, ".cold-start-total").text == "total 4.2 s"
+    assert "from zero" in starts[1].text and "additional worker" in starts[0].text
+    assert len(starts[1].find_elements(By.CSS_SELECTOR, "rect")) == 5
+    assert len(starts[0].find_elements(By.CSS_SELECTOR, "rect")) == 2
+    widths = [float(r.get_attribute("width")) for r in starts[1].find_elements(By.CSS_SELECTOR, "rect")]
+    assert abs(sum(widths) - 400 * 4200 / 12200) < 1, widths  # the longest bar shown spans 400
+    legend = [li.text for li in by_id(d, "cold-starts-legend").find_elements(By.TAG_NAME, "li")]
+    assert legend == ["Replicas raised", "Pod scheduled", "Container started", "Agent registered",
+                      "First task running"]
     save(d, screenshots, "contract-shaped-history.png")
+    d.execute_script("document.getElementById('cold-starts').scrollIntoView()")
+    save(d, screenshots, "contract-shaped-cold-starts.png")

@@ -8,6 +8,7 @@ use super::range::HistoryRange;
 use super::tier::Bucket;
 use super::worker_history::WorkerHistory;
 use crate::config::file::WorkerConfig;
+use crate::pool::cold_start::answer::ColdStartsAnswer;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -29,6 +30,8 @@ pub struct HistoryAnswer {
     pub tiles: Tiles,
     pub findings: Vec<Finding>,
     pub decisions: Vec<DecisionEntry>,
+    /// The workers' cold starts that began in the range.
+    pub cold_starts: ColdStartsAnswer,
 }
 
 /// One bucket: the peak of each line within it; the range in effect at its end.
@@ -85,6 +88,7 @@ pub fn history_answer(
     range: HistoryRange,
     now_ms: u64,
     recorded_by: &str,
+    cold_starts: ColdStartsAnswer,
 ) -> HistoryAnswer {
     let empty = WorkerHistory::default();
     let history = history.unwrap_or(&empty);
@@ -115,6 +119,7 @@ pub fn history_answer(
             .since(window.from_ms)
             .map(decision_entry)
             .collect(),
+        cold_starts,
     }
 }
 
@@ -180,7 +185,14 @@ mod tests {
 
     #[test]
     fn nothing_recorded_is_an_empty_answer_not_zeros() {
-        let a = history_answer(&worker(), None, HistoryRange::OneDay, NOW_MS, "sentinel-0");
+        let a = history_answer(
+            &worker(),
+            None,
+            HistoryRange::OneDay,
+            NOW_MS,
+            "sentinel-0",
+            ColdStartsAnswer::default(),
+        );
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["series"], serde_json::json!([]));
         assert_eq!(json["recordingSince"], serde_json::Value::Null);
@@ -219,6 +231,7 @@ mod tests {
             HistoryRange::FifteenMinutes,
             NOW_MS,
             "s-1",
+            ColdStartsAnswer::default(),
         );
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["worker"], "astro-worker-default");

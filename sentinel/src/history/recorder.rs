@@ -67,12 +67,24 @@ impl HistoryRecorder {
             let span = span.min(self.staleness_limit);
             u32::try_from(span.as_millis()).unwrap_or(u32::MAX)
         };
+        let cold_starts = self.history.cold_starts();
         let samples = self.workers.iter().filter_map(|worker| {
             match worker_answer(worker, snapshot, now, self.staleness_limit) {
-                WorkerAnswer::Ready(answer) => Some((
-                    worker.name.as_str(),
-                    Sample::new(&answer, self.cluster.view(&worker.name)),
-                )),
+                WorkerAnswer::Ready(answer) => {
+                    let view = self.cluster.view(&worker.name);
+                    if let Some(cold_starts) = cold_starts {
+                        // The workers it has: the replicas set, or those online in Airflow.
+                        let present = view.workers.or(view.running);
+                        cold_starts.backlog_read(
+                            &worker.name,
+                            at_ms,
+                            answer.backlog,
+                            answer.desired_replicas,
+                            present,
+                        );
+                    }
+                    Some((worker.name.as_str(), Sample::new(&answer, view)))
+                }
                 WorkerAnswer::Unavailable(_) => None,
             }
         });

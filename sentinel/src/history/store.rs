@@ -8,6 +8,8 @@ use super::range::HistoryRange;
 use super::sample::Sample;
 use super::worker_history::WorkerHistory;
 use crate::config::file::WorkerConfig;
+use crate::pool::cold_start::answer::cold_starts_answer;
+use crate::pool::ColdStarts;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +24,8 @@ pub struct History {
     data: Mutex<HistoryData>,
     clock: Arc<dyn WallClock>,
     recorded_by: String,
+    /// The pools' cold starts, kept in memory only (a restarted Sentinel times new ones).
+    cold_starts: Option<Arc<ColdStarts>>,
 }
 
 impl History {
@@ -31,7 +35,18 @@ impl History {
             data: Mutex::new(data),
             clock,
             recorded_by,
+            cold_starts: None,
         }
+    }
+
+    /// Answers and records cold starts with `cold_starts` as well.
+    pub fn with_cold_starts(mut self, cold_starts: Arc<ColdStarts>) -> History {
+        self.cold_starts = Some(cold_starts);
+        self
+    }
+
+    pub fn cold_starts(&self) -> Option<&Arc<ColdStarts>> {
+        self.cold_starts.as_ref()
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -64,6 +79,12 @@ impl History {
     /// The answer for `worker` over `range`, ending now.
     pub fn answer(&self, worker: &WorkerConfig, range: HistoryRange) -> HistoryAnswer {
         let now_ms = self.now_ms();
+        let from_ms = now_ms.saturating_sub(range.millis());
+        let cold_starts = self
+            .cold_starts
+            .as_ref()
+            .map(|c| cold_starts_answer(&c.starts_since(&worker.name, from_ms), c.chain()))
+            .unwrap_or_default();
         let data = self.lock();
         history_answer(
             worker,
@@ -71,6 +92,7 @@ impl History {
             range,
             now_ms,
             &self.recorded_by,
+            cold_starts,
         )
     }
 

@@ -9,6 +9,7 @@ pub mod replicas;
 use crate::backlog::cache::Snapshot;
 use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
 use crate::config::file::WorkerConfig;
+use crate::pool::cold_start::histograms::ColdStartHistograms;
 use crate::pool::ClusterSource;
 use prometheus::core::Collector;
 use prometheus::{
@@ -29,6 +30,7 @@ pub struct Metrics {
     pub token_reviews: IntCounterVec,
     pub token_reviews_skipped: IntCounterVec,
     pub pod_deletion_cost_patches: IntCounterVec,
+    pub cold_starts: ColdStartHistograms,
     ready: IntGauge,
     queue_task_instances: IntGaugeVec,
     queue_task_slots: IntGaugeVec,
@@ -184,6 +186,7 @@ impl Metrics {
                 &["worker"],
             ),
             worker_replicas: ReplicaGauges::register(&r),
+            cold_starts: ColdStartHistograms::register(&r),
             registry: r,
             scrape: Mutex::new(()),
         }

@@ -8,6 +8,9 @@
 //! until it can (a gap, never a made-up count).
 
 use super::cluster_view::{ClusterSource, ClusterView};
+use super::cold_start::airflow_phases::online_since;
+use super::cold_start::ColdStarts;
+use crate::history::clock::unix_ms;
 use crate::sources::BacklogSource;
 use airflow::edge_worker_list::{ListedEdgeWorker, Presence};
 use std::collections::HashMap;
@@ -21,6 +24,8 @@ pub struct EdgeWorkerCensus {
     pools: Vec<(String, Vec<String>)>,
     interval: Duration,
     views: RwLock<HashMap<String, ClusterView>>,
+    /// Told of each pool's online workers: a new one is a cold start under way.
+    cold_starts: Arc<ColdStarts>,
 }
 
 impl EdgeWorkerCensus {
@@ -28,12 +33,14 @@ impl EdgeWorkerCensus {
         source: Arc<dyn BacklogSource>,
         pools: Vec<(String, Vec<String>)>,
         interval: Duration,
+        cold_starts: Arc<ColdStarts>,
     ) -> EdgeWorkerCensus {
         EdgeWorkerCensus {
             source,
             pools,
             interval,
             views: RwLock::new(HashMap::new()),
+            cold_starts,
         }
     }
 
@@ -46,6 +53,7 @@ impl EdgeWorkerCensus {
                         tracing::info!("Airflow's list of Edge workers readable again");
                         failing = false;
                     }
+                    self.time_cold_starts(&listed);
                     self.pools
                         .iter()
                         .map(|(pool, queues)| (pool.clone(), count(&listed, queues)))
@@ -64,6 +72,22 @@ impl EdgeWorkerCensus {
                 _ = tokio::time::sleep(self.interval) => {}
                 _ = shutdown.cancelled() => return,
             }
+        }
+    }
+}
+
+impl EdgeWorkerCensus {
+    /// Before the counts change: the tracker sees a new worker before the refresh sees the
+    /// pool's demand met.
+    fn time_cold_starts(&self, listed: &[ListedEdgeWorker]) {
+        let seen_ms = unix_ms(std::time::SystemTime::now());
+        for (pool, queues) in &self.pools {
+            let online: Vec<(String, Option<u64>)> = listed
+                .iter()
+                .filter(|w| w.serves_any(queues))
+                .filter_map(online_since)
+                .collect();
+            self.cold_starts.workers_listed(pool, seen_ms, &online);
         }
     }
 }
@@ -96,6 +120,7 @@ mod tests {
             worker_name: name.into(),
             state: state.into(),
             queues: Some(queues.iter().map(|q| q.to_string()).collect()),
+            first_online: None,
         }
     }
 
@@ -111,6 +136,7 @@ mod tests {
                 worker_name: "f".into(),
                 state: "idle".into(),
                 queues: None,
+                first_online: None,
             },
         ];
         let view = count(&listed, &["default".to_string()]);

@@ -11,12 +11,14 @@
 //! Nothing here reads the history: the history reads this.
 
 mod cluster_view;
+pub mod cold_start;
 mod deletion_cost;
 mod edge_worker_census;
 mod pod_state;
 mod workload_watch;
 
 pub use cluster_view::{ClusterSource, ClusterView, NoClusterSource};
+pub use cold_start::ColdStarts;
 pub use deletion_cost::DeletionCostLoop;
 pub use edge_worker_census::EdgeWorkerCensus;
 pub use workload_watch::WorkloadWatch;

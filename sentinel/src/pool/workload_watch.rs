@@ -7,6 +7,8 @@
 //! view is unknown rather than a count of what happens to be cached.
 
 use super::cluster_view::{ClusterSource, ClusterView};
+use super::cold_start::watch_events::{deployment_event, pod_event};
+use super::cold_start::ColdStarts;
 use super::pod_state::{pod_state, selects, PodState};
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -27,13 +29,25 @@ pub struct WorkloadWatch {
 }
 
 impl WorkloadWatch {
-    /// Starts both watches; they run until `shutdown` is cancelled.
-    pub fn start(client: Client, namespace: &str, shutdown: CancellationToken) -> Self {
+    /// Starts both watches, which also time the workers' cold starts in `cold_starts`; they
+    /// run until `shutdown` is cancelled.
+    pub fn start(
+        client: Client,
+        namespace: &str,
+        cold_starts: Arc<ColdStarts>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let starts = cold_starts.clone();
         let (deployments, deployments_healthy) = follow(
             Api::<Deployment>::namespaced(client.clone(), namespace),
+            move |event, store| deployment_event(&starts, event, store),
             shutdown.clone(),
         );
-        let (pods, pods_healthy) = follow(Api::<Pod>::namespaced(client, namespace), shutdown);
+        let (pods, pods_healthy) = follow(
+            Api::<Pod>::namespaced(client, namespace),
+            move |event, store| pod_event(&cold_starts, event, store),
+            shutdown,
+        );
         WorkloadWatch {
             namespace: namespace.to_string(),
             deployments,
@@ -116,8 +130,13 @@ impl ClusterSource for WorkloadWatch {
 }
 
 /// A reflector over `api`: its store, and whether it holds a complete, current picture (a first
-/// list done and no error since the last successful event).
-fn follow<K>(api: Api<K>, shutdown: CancellationToken) -> (Store<K>, Arc<AtomicBool>)
+/// list done and no error since the last successful event). `observe` sees each event as it
+/// arrives, after the store took it in.
+fn follow<K>(
+    api: Api<K>,
+    observe: impl Fn(&watcher::Event<K>, &Store<K>) + Send + 'static,
+    shutdown: CancellationToken,
+) -> (Store<K>, Arc<AtomicBool>)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -128,6 +147,7 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
+    let observed = store.clone();
     let healthy = Arc::new(AtomicBool::new(false));
     let flag = healthy.clone();
     let kind = K::kind(&()).to_string();
@@ -140,6 +160,9 @@ where
                 event = stream.next() => event,
                 _ = shutdown.cancelled() => return,
             };
+            if let Some(Ok(event)) = &event {
+                observe(event, &observed);
+            }
             match event {
                 Some(Ok(watcher::Event::InitDone))
                 | Some(Ok(watcher::Event::Apply(_)))

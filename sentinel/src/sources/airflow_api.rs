@@ -221,6 +221,29 @@ impl BacklogSource for AirflowApiSource {
         .boxed()
     }
 
+    fn first_task_starts<'a>(
+        &'a self,
+        queues: &'a [String],
+        hosts: &'a [String],
+        since: SystemTime,
+    ) -> BoxFuture<'a, Result<HashMap<String, SystemTime>, String>> {
+        async move {
+            self.requests.inc();
+            let since = chrono::DateTime::<chrono::Utc>::from(since)
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+            let first = self
+                .client
+                .first_starts_by_host(queues, hosts, &since)
+                .await
+                .map_err(|e| format!("started task instances: {e}"))?;
+            Ok(first
+                .into_iter()
+                .filter_map(|(host, at)| Some((host, parse_time(&at)?)))
+                .collect())
+        }
+        .boxed()
+    }
+
     fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {
         async move {
             self.requests.inc();

@@ -14,7 +14,7 @@ pub mod postgres;
 use airflow::edge_worker_list::ListedEdgeWorker;
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// One queue's backlog as read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,6 +61,23 @@ pub trait BacklogSource: Send + Sync + 'static {
         &'a self,
         queues: &'a [String],
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>>;
+
+    /// When each of `hosts` (worker names, which Airflow records as the task instance's
+    /// hostname) started its first task on any of `queues`, among the task instances that
+    /// started at or after `since`; a host with no such task instance is left out. Or a
+    /// one-line reason.
+    fn first_task_starts<'a>(
+        &'a self,
+        queues: &'a [String],
+        hosts: &'a [String],
+        since: SystemTime,
+    ) -> BoxFuture<'a, Result<HashMap<String, SystemTime>, String>> {
+        let _ = (queues, hosts, since);
+        Box::pin(std::future::ready(Err(format!(
+            "the {} source does not list started task instances",
+            self.kind()
+        ))))
+    }
 
     /// Airflow's list of Edge workers (outside Kubernetes, the only count of running
     /// workers), or a one-line reason.

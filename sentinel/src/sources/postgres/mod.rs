@@ -16,7 +16,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use prometheus::IntCounter;
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tls::{postgres_tls, PostgresTls};
 use tokio::sync::Mutex;
 use tokio_postgres::types::ToSql;
@@ -41,8 +41,19 @@ const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
      WHERE state = 'running' AND queue = ANY($1::text[]) AND hostname <> '' \
      GROUP BY hostname";
 
-/// Airflow's Edge workers (the edge3 provider's table; `queues` holds a Python list literal).
-const EDGE_WORKERS_SQL: &str = "SELECT worker_name, state, queues FROM edge_worker";
+/// Airflow's Edge workers (the edge3 provider's table; `queues` holds a Python list literal),
+/// with `first_online` as the REST API writes it (RFC 3339, UTC, microseconds).
+const EDGE_WORKERS_SQL: &str = "SELECT worker_name, state, queues, \
+     to_char(first_online AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+     FROM edge_worker";
+
+/// The first task each of the given hosts started on the given queues since a moment, as
+/// seconds since the epoch (the bound on `start_date` keeps the scan to recent task instances).
+const FIRST_STARTS_SQL: &str = "SELECT hostname, extract(epoch FROM min(start_date))::float8 \
+     FROM task_instance \
+     WHERE queue = ANY($1::text[]) AND hostname = ANY($2::text[]) \
+       AND start_date >= to_timestamp($3::float8) \
+     GROUP BY hostname";
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A query that takes longer is abandoned and its connection dropped (the next refresh
@@ -61,6 +72,7 @@ struct Connection {
     client: Client,
     statement: Statement,
     running_slots: Statement,
+    first_starts: Statement,
     /// An error when the edge3 provider's table is missing: only that question fails.
     edge_workers: Result<Statement, String>,
 }
@@ -115,12 +127,14 @@ impl PostgresSource {
         };
         let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
         let running_slots = client.prepare(RUNNING_SLOTS_SQL).await.map_err(describe)?;
+        let first_starts = client.prepare(FIRST_STARTS_SQL).await.map_err(describe)?;
         let edge_workers = client.prepare(EDGE_WORKERS_SQL).await.map_err(describe);
         tracing::info!("connected to the Airflow metadata database");
         Ok(Connection {
             client,
             statement,
             running_slots,
+            first_starts,
             edge_workers,
         })
     }
@@ -167,6 +181,28 @@ impl PostgresSource {
         Ok(slots)
     }
 
+    async fn first_starts(
+        &self,
+        queues: &[String],
+        hosts: &[String],
+        since: SystemTime,
+    ) -> Result<HashMap<String, SystemTime>, String> {
+        let since = since
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let rows = self
+            .query(|c| Ok(&c.first_starts), &[&queues, &hosts, &since])
+            .await?;
+        let mut first = HashMap::new();
+        for row in rows {
+            let host: String = row.try_get(0).map_err(describe)?;
+            let at: f64 = row.try_get(1).map_err(describe)?;
+            first.insert(host, UNIX_EPOCH + Duration::from_secs_f64(at.max(0.0)));
+        }
+        Ok(first)
+    }
+
     async fn edge_worker_list(&self) -> Result<Vec<ListedEdgeWorker>, String> {
         let rows = self
             .query(|c| c.edge_workers.as_ref().map_err(Clone::clone), &[])
@@ -178,6 +214,7 @@ impl PostgresSource {
                     worker_name: row.try_get(0).map_err(describe)?,
                     state: row.try_get(1).map_err(describe)?,
                     queues: queues.as_deref().map(python_str_list).transpose()?,
+                    first_online: row.try_get(3).map_err(describe)?,
                 })
             })
             .collect()
@@ -219,6 +256,20 @@ impl BacklogSource for PostgresSource {
         queues: &'a [String],
     ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
         self.running_slots(queues).boxed()
+    }
+
+    fn first_task_starts<'a>(
+        &'a self,
+        queues: &'a [String],
+        hosts: &'a [String],
+        since: SystemTime,
+    ) -> BoxFuture<'a, Result<HashMap<String, SystemTime>, String>> {
+        async move {
+            self.first_starts(queues, hosts, since)
+                .await
+                .map_err(|e| format!("started task instances: {e}"))
+        }
+        .boxed()
     }
 
     fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {
