@@ -4,6 +4,7 @@
 
 use super::decisions::Decision;
 use super::findings::{findings, tiles, Finding, RangeTotals, Tiles};
+use super::pre_warm_log::PreWarmSummary;
 use super::range::HistoryRange;
 use super::tier::Bucket;
 use super::worker_history::WorkerHistory;
@@ -29,6 +30,8 @@ pub struct HistoryAnswer {
     pub tiles: Tiles,
     pub findings: Vec<Finding>,
     pub decisions: Vec<DecisionEntry>,
+    /// What pre-warming from the schedule did in the range (filled in by the store).
+    pub pre_warm: PreWarmSummary,
 }
 
 /// One bucket: the peak of each line within it; the range in effect at its end.
@@ -115,6 +118,7 @@ pub fn history_answer(
             .since(window.from_ms)
             .map(decision_entry)
             .collect(),
+        pre_warm: PreWarmSummary::default(),
     }
 }
 

@@ -4,6 +4,8 @@
 use super::answer::{history_answer, HistoryAnswer};
 use super::clock::{unix_ms, WallClock};
 use super::decisions::DecisionSource;
+use super::findings::{Finding, FindingKind};
+use super::pre_warm_log::PreWarmLog;
 use super::range::HistoryRange;
 use super::sample::Sample;
 use super::worker_history::WorkerHistory;
@@ -22,6 +24,7 @@ pub struct History {
     data: Mutex<HistoryData>,
     clock: Arc<dyn WallClock>,
     recorded_by: String,
+    pre_warm: Arc<PreWarmLog>,
 }
 
 impl History {
@@ -31,7 +34,13 @@ impl History {
             data: Mutex::new(data),
             clock,
             recorded_by,
+            pre_warm: Arc::default(),
         }
+    }
+
+    /// Where pre-warming writes what it did.
+    pub fn pre_warm_log(&self) -> Arc<PreWarmLog> {
+        self.pre_warm.clone()
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -65,13 +74,25 @@ impl History {
     pub fn answer(&self, worker: &WorkerConfig, range: HistoryRange) -> HistoryAnswer {
         let now_ms = self.now_ms();
         let data = self.lock();
-        history_answer(
+        let mut answer = history_answer(
             worker,
             data.workers.get(&worker.name),
             range,
             now_ms,
             &self.recorded_by,
-        )
+        );
+        let pre_warm = self
+            .pre_warm
+            .summary(&worker.name, now_ms.saturating_sub(range.millis()));
+        if let Some(text) = pre_warm.finding_text() {
+            answer.findings.push(Finding {
+                kind: FindingKind::PreWarmIdle,
+                text,
+                seconds: pre_warm.idle_worker_seconds.round() as u64,
+            });
+        }
+        answer.pre_warm = pre_warm;
+        answer
     }
 
     /// Runs `f` on the data under the lock (to serialise it for saving).
