@@ -325,6 +325,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn pre_warm_activates_and_the_metric_is_the_larger_of_backlog_and_expected() {
+        use crate::schedule::windows::Expected;
+        let f = fixture();
+        let w = [(WORKER_KEY, "w")];
+        let mut s = snapshot(0, Duration::ZERO);
+        s.set_expected(
+            [(
+                "w".to_string(),
+                Expected {
+                    slots: 3,
+                    runs: Vec::new(),
+                },
+            )]
+            .into(),
+        );
+        f.cache.publish(s);
+        assert!(active(&f, &w).await.unwrap());
+        assert_eq!(metric(&f).await.unwrap(), 3.0);
+        let mut s = snapshot(5, Duration::ZERO);
+        s.set_expected(
+            [(
+                "w".to_string(),
+                Expected {
+                    slots: 3,
+                    runs: Vec::new(),
+                },
+            )]
+            .into(),
+        );
+        f.cache.publish(s);
+        assert_eq!(metric(&f).await.unwrap(), 5.0, "max, not sum");
+    }
+
+    #[tokio::test]
     async fn answers_the_backlog_and_activity_of_the_named_worker() {
         let f = fixture();
         let w = [(WORKER_KEY, "w")];
