@@ -15,7 +15,7 @@ use crate::config::file::WorkerConfig;
 use crate::config::pre_warm::PreWarmConfig;
 use crate::history::pre_warm_log::{ms_of, PreWarmEntry, PreWarmLog, PreWarmOutcome};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 /// How long after `run_after` a run's work may take to reach the queues before pre-warm gives
@@ -90,7 +90,7 @@ struct Open {
 pub struct Windows {
     pools: Vec<PreWarmPool>,
     open: BTreeMap<Key, Open>,
-    ended: HashMap<Key, ()>,
+    ended: HashSet<Key>,
     last_step: Option<SystemTime>,
 }
 
@@ -100,7 +100,7 @@ impl Windows {
         Windows {
             pools: pools.into_iter().filter(|p| p.config.enabled).collect(),
             open: BTreeMap::new(),
-            ended: HashMap::new(),
+            ended: HashSet::new(),
             last_step: None,
         }
     }
@@ -126,7 +126,7 @@ impl Windows {
             .unwrap_or_default()
             .min(MAX_STEP);
         self.ended
-            .retain(|(_, _, run_after), _| *run_after + ENDED_MEMORY > now);
+            .retain(|(_, _, run_after)| *run_after + ENDED_MEMORY > now);
         let mut answers = HashMap::new();
         for pool in &self.pools {
             let name = pool.worker.name.as_str();
@@ -135,17 +135,13 @@ impl Windows {
                 for run in plan.for_worker(name) {
                     let key = (name.to_owned(), run.dag.clone(), run.run_after);
                     let due = now + pool.lead() >= run.run_after;
-                    if !due || self.ended.contains_key(&key) || self.open.contains_key(&key) {
+                    if !due || self.ended.contains(&key) || self.open.contains_key(&key) {
                         continue;
                     }
+                    let workers = pool.workers_for(run.demand.slots);
                     let text = format!(
-                        "pre-warmed {} worker{} at {} for {} (runs at {}; {})",
-                        pool.workers_for(run.demand.slots),
-                        if pool.workers_for(run.demand.slots) == 1 {
-                            ""
-                        } else {
-                            "s"
-                        },
+                        "pre-warmed {workers} worker{} at {} for {} (runs at {}; {})",
+                        if workers == 1 { "" } else { "s" },
                         clock(now),
                         run.dag,
                         clock(run.run_after),
@@ -220,7 +216,7 @@ impl Windows {
                     name,
                     entry(pool, &key, window.slots, outcome, Some(idle), now, text),
                 );
-                self.ended.insert(key, ());
+                self.ended.insert(key);
             }
             let mine: Vec<(&Key, &Open)> = self.open.iter().filter(|(k, _)| k.0 == name).collect();
             if !mine.is_empty() {
