@@ -87,7 +87,8 @@ impl PreWarmLog {
                         )
                 })
                 .filter_map(|e| e.idle_worker_seconds)
-                .sum::<f64>()
+                // Not `sum`: an empty f64 sum is -0.0, which JSON would carry as `-0.0`.
+                .fold(0.0, |total, s| total + s)
         };
         PreWarmSummary {
             idle_worker_seconds: idle(false),

@@ -243,9 +243,10 @@ impl Windows {
 fn describe(basis: &Basis, pool: &PreWarmPool) -> String {
     match basis {
         Basis::Declared { .. } => format!(
-            "{}, counted up to one worker's {} slots",
+            "{}, counted up to one worker's {} slot{}",
             basis.describe(),
-            pool.worker.sync_slots
+            pool.worker.sync_slots,
+            if pool.worker.sync_slots == 1 { "" } else { "s" }
         ),
         Basis::Learned { .. } => basis.describe(),
     }
@@ -376,7 +377,7 @@ mod tests {
         );
         assert_eq!(s.entries[1].outcome, PreWarmOutcome::WorkArrived);
         assert_eq!(s.idle_worker_seconds, 30.0);
-        assert_eq!(s.unused_worker_seconds, 0.0);
+        assert!(s.unused_worker_seconds.is_sign_positive() && s.unused_worker_seconds == 0.0);
     }
 
     #[test]
