@@ -96,6 +96,10 @@ pub mod call {
     pub const EDGE_WORKERS: &str = "rest_edge_workers";
     pub const FIRST_STARTS: &str = "rest_first_starts";
     pub const LIST: &str = "rest_list";
+    pub const DAGS: &str = "rest_dags";
+    pub const DAG_TASKS: &str = "rest_dag_tasks";
+    pub const DAG_RUNS: &str = "rest_dag_runs";
+    pub const RUN_TASK_INSTANCES: &str = "rest_run_task_instances";
 }
 
 /// Task instances asked for per page. Airflow answers at most its `[api] maximum_page_limit`
@@ -105,7 +109,7 @@ pub const PAGE_REQUEST: u64 = 1000;
 
 pub struct RestApiClient {
     http: reqwest::Client,
-    base: Url,
+    pub(crate) base: Url,
     credentials: RestCredentials,
     /// The bearer token in use; `None` until the first login (password credentials).
     token: Mutex<Option<String>>,
@@ -330,7 +334,7 @@ impl RestApiClient {
 
     /// GET `url` with the bearer token and decode the JSON answer; with a password, a 401
     /// means the token expired or the server's secret rotated: log in again once.
-    async fn get_json<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         call: &'static str,
         url: Url,

@@ -16,6 +16,11 @@ use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
 use crate::pool::cold_start::airflow_phases::AirflowPhases;
 use crate::pool::{ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
+use crate::schedule::plan::Plan;
+use crate::schedule::pre_warm::PreWarm;
+use crate::schedule::reader::{PoolQueues, RestScheduleSource, ScheduleReader, ScheduleSource};
+use crate::schedule::schedule_loop::ScheduleLoop;
+use crate::schedule::windows::{PreWarmPool, Windows};
 use crate::serve::api::{handle, AppState};
 use crate::serve::auth::static_tokens::StaticTokens;
 use crate::serve::auth::token_review::{ReviewCounters, TokenReviewer};
@@ -31,8 +36,9 @@ use crate::config::file::{AuthConfig, HistoryConfig};
 use crate::config::flags::{KubernetesAccess, Settings, SourceSettings};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::ServerTlsConfig;
@@ -56,6 +62,16 @@ pub struct Running {
     cache: Arc<BacklogCache>,
     workers: Vec<WorkerConfig>,
     staleness_limit: std::time::Duration,
+    /// What the schedule reader publishes and the pre-warm windows read.
+    schedule: ScheduleInputs,
+}
+
+/// What [`Running::read_schedule`] needs: the pre-warming pools, the cadence, the plan's
+/// channel.
+struct ScheduleInputs {
+    pools: Vec<PoolQueues>,
+    read_interval: std::time::Duration,
+    plan: watch::Sender<Option<Arc<Plan>>>,
 }
 
 impl Running {
@@ -86,6 +102,26 @@ impl Running {
         self.tasks.handles.push(task);
         tracing::info!(%addr, tls = tls_enabled, "serving KEDA's external scaler API");
         Ok(addr)
+    }
+
+    /// Reads Airflow's schedule from `source` for the pre-warming workers (none: nothing to
+    /// read) and pre-warms them from it.
+    pub fn read_schedule(&mut self, source: Arc<dyn ScheduleSource>) {
+        let s = &self.schedule;
+        if s.pools.is_empty() {
+            return;
+        }
+        tracing::info!(
+            workers = s.pools.len(),
+            read_interval = %humantime::format_duration(s.read_interval),
+            "pre-warming from Airflow's schedule"
+        );
+        let schedule = ScheduleLoop {
+            reader: ScheduleReader::new(source, s.pools.clone()),
+            interval: s.read_interval,
+            plan: s.plan.clone(),
+        };
+        self.tasks.spawn(schedule.run(self.tasks.shutdown.clone()));
     }
 
     /// Stops accepting, drains in-flight requests, stops the refresh loop.
@@ -137,10 +173,33 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
         settings.config,
         settings.kubernetes,
         source,
-        metrics,
+        metrics.clone(),
         listener,
     )
     .await?;
+    match &settings.source {
+        SourceSettings::AirflowApi {
+            url,
+            credentials,
+            ca,
+        } => {
+            let client = airflow::rest_api::RestApiClient::new(
+                url,
+                credentials.clone(),
+                concat!("astro-sentinel/", env!("CARGO_PKG_VERSION")),
+                ca.as_ref(),
+            )
+            .map_err(|e| StartError::Runtime(format!("cannot build the REST API client: {e}")))?;
+            running.read_schedule(Arc::new(RestScheduleSource {
+                client: Arc::new(client),
+                requests: metrics.upstream_requests.with_label_values(&["schedule"]),
+            }));
+        }
+        SourceSettings::Postgres { .. } if !running.schedule.pools.is_empty() => {
+            tracing::info!("no pre-warm: the schedule is read through Airflow's REST API, and the postgres source has no REST credentials");
+        }
+        SourceSettings::Postgres { .. } => {}
+    }
     if let Some((listener, tls)) = external_scaler {
         if let Err(e) = running.serve_external_scaler(listener, tls) {
             running.stop().await;
@@ -214,6 +273,7 @@ pub async fn start_with(
         &mut tasks,
     )?;
     metrics.follow_cluster(pool.clone());
+    let (schedule, pre_warm) = pre_warm(&config, pool.clone(), &history);
     let refresh = RefreshLoop {
         source: source.clone(),
         queues,
@@ -223,6 +283,7 @@ pub async fn start_with(
         interval: config.refresh_interval,
         staleness_limit: config.staleness_limit,
         history: history_recorder(&config, &history, pool, source.kind()),
+        pre_warm: Some(pre_warm),
     };
     tasks.spawn(refresh.run(tasks.shutdown.clone()));
     let state = AppState::new(
@@ -243,7 +304,45 @@ pub async fn start_with(
         cache,
         workers: config.workers,
         staleness_limit: config.staleness_limit,
+        schedule,
     })
+}
+
+/// The pre-warm windows of the workers with `preWarm.enabled` (the default), fed by a plan
+/// that stays empty until [`Running::read_schedule`] starts reading it.
+fn pre_warm(
+    config: &Config,
+    cluster: Arc<dyn ClusterSource>,
+    history: &History,
+) -> (ScheduleInputs, Arc<PreWarm>) {
+    let windows = Windows::new(
+        config
+            .workers
+            .iter()
+            .map(|w| PreWarmPool {
+                worker: w.clone(),
+                config: config.schedule.for_worker(&w.name),
+            })
+            .collect(),
+    );
+    let (plan, plan_rx) = watch::channel(None);
+    let inputs = ScheduleInputs {
+        pools: windows
+            .pools()
+            .iter()
+            .map(|p| PoolQueues::from(&p.worker))
+            .collect(),
+        read_interval: config.schedule.read_interval,
+        plan,
+    };
+    let pre_warm = PreWarm {
+        windows: Mutex::new(windows),
+        plan: plan_rx,
+        cluster,
+        log: history.pre_warm_log(),
+        staleness_limit: config.staleness_limit,
+    };
+    (inputs, Arc::new(pre_warm))
 }
 
 fn log_starting(config: &Config, source: &'static str, queues: usize) {

@@ -9,7 +9,8 @@
 //! [`history`] records what every worker would be told and what the [`pool`] view says of its
 //! workers, for `GET /v1/workers/{name}/history`; the page at `/ui/` ([`serve::ui`]) reads that
 //! same API. On a port of its own, the [`serve::external_scaler`] serves KEDA's external scaler
-//! gRPC API from the same cache, and pushes activity to KEDA as each refresh lands.
+//! gRPC API from the same cache, and pushes activity to KEDA as each refresh lands. The
+//! [`schedule`] reads when each DAG runs next, so that a pool is up when its work arrives.
 //!
 //! [`config`] reads what the Sentinel runs with, [`app`] starts the parts, [`metrics`] counts
 //! them, [`kubernetes_client`] reaches the Kubernetes API (the pool view, TokenReview), and
@@ -22,6 +23,7 @@ pub mod history;
 pub mod kubernetes_client;
 pub mod metrics;
 pub mod pool;
+pub mod schedule;
 pub mod serve;
 pub mod shutdown;
 pub mod sources;

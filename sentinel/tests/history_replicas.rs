@@ -112,6 +112,7 @@ fn start_replica(
                 staleness_limit: config.staleness_limit,
             },
         ),
+        pre_warm: None,
     };
     tokio::spawn(refresh.run(cancelled_on_true(shutdown)));
     history

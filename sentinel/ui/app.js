@@ -473,7 +473,7 @@
       : `Recorded by ${h.recordedBy}, which has not recorded anything for this worker yet.`;
 
     renderColdStarts(h.coldStarts || { starts: [], phases: [] });
-    renderDecisions(h.decisions || []);
+    renderDecisions(h.decisions || [], (h.preWarm && h.preWarm.entries) || []);
   }
 
   function seconds(ms) {
@@ -552,11 +552,18 @@
     tile.setAttribute("aria-label", `${label}: ${value}`);
   }
 
-  function renderDecisions(decisions) {
+  // The changes, and what pre-warming from the schedule did (one sentence each), newest first.
+  function renderDecisions(decisions, preWarm) {
     const table = $("decisions");
-    const newest = [...decisions].sort((a, b) => Date.parse(b.t) - Date.parse(a.t));
+    const rows = [...decisions, ...preWarm.map((p) => ({ ...p, what: "preWarm" }))];
+    const newest = rows.sort((a, b) => Date.parse(b.t) - Date.parse(a.t));
     const shown = newest.slice(0, MAX_DECISION_ROWS);
-    table.tBodies[0].replaceChildren(...shown.map((d) => el("tr", { "data-what": d.what },
+    table.tBodies[0].replaceChildren(...shown.map((d) => d.what === "preWarm"
+      ? el("tr", { "data-what": d.what, "data-outcome": d.outcome },
+        el("td", {}, dateAndTime(Date.parse(d.t))),
+        el("td", { colspan: 5 }, d.text),
+        el("td", {}, "schedule"))
+      : el("tr", { "data-what": d.what },
       el("td", {}, dateAndTime(Date.parse(d.t))),
       el("td", {}, `${d.what === "desiredReplicas" ? "Wanted" : d.what === "workers" ? "Workers" : d.what} ${d.from} → ${d.to}`),
       el("td", { class: "num" }, String(d.queued)),

@@ -15,8 +15,8 @@ TLS_DIR = "/etc/astro-sentinel/external-scaler-tls"
 
 def test_metrics_api_stays_the_default_and_opens_no_grpc_port(chart):
     r = chart.render(scenario("keda-static"))
-    (trigger,) = r.get("ScaledObject", "astro-worker-default-worker")["spec"]["triggers"]
-    assert trigger["type"] == "metrics-api"
+    trigger, pre_warm = r.get("ScaledObject", "astro-worker-default-worker")["spec"]["triggers"]
+    assert trigger["type"] == "metrics-api" and pre_warm["type"] == "metrics-api"
     assert not r.maybe("Secret", SERVER_SECRET) and not r.maybe("TriggerAuthentication", "astro-keda-sentinel-external-push")
     assert [p["name"] for p in r.get("Service", "astro-sentinel")["spec"]["ports"]] == ["http"]
 

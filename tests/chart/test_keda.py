@@ -60,8 +60,10 @@ def test_scaledobject_reads_the_workers_backlog_from_the_sentinel(chart, name):
         # The Sentinel knows the worker by the same name the URL asks for.
         assert w["deployment"] in [x["name"] for x in sentinel_config(r, values)["workers"]]
 
-        # Extra triggers appended as given.
-        assert spec["triggers"][1:] == w["keda"]["extraTriggers"]
+        # The pre-warm trigger (on by default), then extra triggers appended as given.
+        pre_warm = [t for t in spec["triggers"] if t.get("name") == "pre-warm"]
+        assert len(pre_warm) == (1 if w["preWarm"]["enabled"] else 0)
+        assert spec["triggers"][1 + len(pre_warm):] == w["keda"]["extraTriggers"]
 
         # Fallback keeps the pool; at least one Pod, so a worker at zero is not left idle.
         fb = spec["fallback"]
@@ -99,8 +101,9 @@ def test_queued_age_trigger_reads_the_oldest_wait_against_its_target(chart, vali
     sets = ["workers[0].keda.queuedAge.enabled=true", "workers[0].keda.queuedAge.targetSeconds=90"]
     so = chart.render(scenario(name), sets=sets).all("ScaledObject")[0]
     validate(so)
-    backlog, age = so["spec"]["triggers"]
+    backlog, pre_warm, age = so["spec"]["triggers"]
     assert backlog == plain["spec"]["triggers"][0]
+    assert pre_warm == plain["spec"]["triggers"][1]
     assert age["type"] == "metrics-api" and age["name"] == "oldest-queued-age"
     assert age["metricType"] == "Value"
     md = age["metadata"]

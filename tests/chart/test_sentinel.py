@@ -23,8 +23,9 @@ from conftest import (
 )
 
 # The Sentinel rejects unknown keys in its config: the chart must render only these.
-SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers", "kubernetes", "history"}
-SENTINEL_WORKER_KEYS = {"name", "queues", "syncSlots", "minReplicas", "maxReplicas"}
+SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers", "kubernetes", "history",
+                        "schedule"}
+SENTINEL_WORKER_KEYS = {"name", "queues", "syncSlots", "minReplicas", "maxReplicas", "preWarm"}
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)
@@ -39,7 +40,8 @@ def test_sentinel_worker_list_matches_the_keda_workers(chart, name):
     assert set(config) <= SENTINEL_CONFIG_KEYS
     expected = [
         {"name": w["deployment"], "queues": w["queues"], "syncSlots": w["syncSlots"],
-         "minReplicas": w["keda"]["minReplicaCount"], "maxReplicas": w["keda"]["maxReplicaCount"]}
+         "minReplicas": w["keda"]["minReplicaCount"], "maxReplicas": w["keda"]["maxReplicaCount"],
+         "preWarm": {"enabled": w["preWarm"]["enabled"]}}
         for w in workers if w["mode"] == "keda"
     ]
     assert config["workers"] == expected
@@ -47,6 +49,7 @@ def test_sentinel_worker_list_matches_the_keda_workers(chart, name):
         assert set(entry) == SENTINEL_WORKER_KEYS
     assert config["refreshInterval"] == values["sentinel"]["refreshInterval"]
     assert config["stalenessLimit"] == values["sentinel"]["stalenessLimit"]
+    assert config["schedule"] == {"readInterval": values["sentinel"]["schedule"]["readInterval"]}
 
     sentinel = r.get("Deployment", f"{values['resourceNamePrefix']}-sentinel")
     c = container(sentinel, "sentinel")

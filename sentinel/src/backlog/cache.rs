@@ -5,6 +5,7 @@
 //! refresh. Requests only clone an `Arc`, so answering KEDA never waits for Airflow; the
 //! external scaler's streams [`subscribe`](BacklogCache::subscribe) to hear of each refresh.
 
+use crate::schedule::windows::Expected;
 use crate::sources::QueueBacklog;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub struct QueueEntry {
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     queues: HashMap<String, QueueEntry>,
+    /// Pre-warm: each worker's expected slots for its scheduled runs (absent: none).
+    expected: HashMap<String, Expected>,
 }
 
 impl Snapshot {
@@ -44,7 +47,18 @@ impl Snapshot {
                 .into_iter()
                 .map(|q| (q.clone(), QueueEntry::default()))
                 .collect(),
+            expected: HashMap::new(),
         }
+    }
+
+    /// `worker`'s expected slots from the schedule, if any window is open for it.
+    pub fn expected(&self, worker: &str) -> Option<&Expected> {
+        self.expected.get(worker)
+    }
+
+    /// Replaces every worker's expected slots (the pre-warm step after each refresh).
+    pub fn set_expected(&mut self, expected: HashMap<String, Expected>) {
+        self.expected = expected;
     }
 
     pub fn queue(&self, name: &str) -> Option<&QueueEntry> {

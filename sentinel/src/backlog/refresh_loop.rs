@@ -4,11 +4,13 @@
 //! A queue whose read fails keeps its last value (the cache records the error next to it);
 //! the worker view decides when that value is too old to serve. When every queue fails —
 //! the upstream is down — the loop backs off (capped) instead of knocking at the interval.
-//! After each refresh, the history records what every worker would be told.
+//! Before publishing, pre-warm adds the slots scheduled runs are expected to need; after
+//! each refresh, the history records what every worker would be told.
 
 use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::history::recorder::HistoryRecorder;
 use crate::metrics::Metrics;
+use crate::schedule::pre_warm::PreWarm;
 use crate::sources::BacklogSource;
 use airflow::backoff::Backoff;
 use http_server::Readiness;
@@ -29,6 +31,8 @@ pub struct RefreshLoop {
     pub interval: Duration,
     pub staleness_limit: Duration,
     pub history: HistoryRecorder,
+    /// Puts the pre-warm's expected slots into each snapshot; `None`: no pre-warm.
+    pub pre_warm: Option<Arc<PreWarm>>,
 }
 
 /// The longest pause between attempts while the upstream is down: short enough that a
@@ -110,6 +114,9 @@ impl RefreshLoop {
         }
         let now = Instant::now();
         self.log_staleness(&next, now, &mut logged.stale);
+        if let Some(pre_warm) = &self.pre_warm {
+            pre_warm.annotate(&mut next, now, SystemTime::now());
+        }
         self.cache.publish(next);
         // After publishing: KEDA's answers never wait for the history.
         self.history.record_refresh(&self.cache.snapshot(), now);

@@ -6,6 +6,7 @@
 
 use crate::backlog::cache::Snapshot;
 use crate::config::file::WorkerConfig;
+use crate::schedule::windows::ExpectedRun;
 use serde::Serialize;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -34,6 +35,12 @@ pub struct WorkerBacklog {
     /// `queued + running`, in task slots: the value KEDA reads (`valueLocation: backlog`)
     /// against `syncSlots`, the slots one worker offers.
     pub backlog: u64,
+    /// Pre-warm: the slots scheduled runs about to start are expected to need, apart from the
+    /// real backlog (0 outside a pre-warm window). KEDA reads it with a trigger of its own
+    /// (`valueLocation: expectedSlots`) and scales by the larger of the two, never their sum.
+    pub expected_slots: u64,
+    /// The runs `expectedSlots` is for.
+    pub expected_for: Vec<ExpectedRun>,
     /// Queued task instances (each counted once, whatever its slots).
     pub queued_tasks: u64,
     /// Running task instances.
@@ -185,18 +192,22 @@ pub fn worker_answer(
 
     let (age, at_wall) = oldest.expect("a valid worker has at least one queue");
     let backlog = queued.saturating_add(running);
+    let expected = snapshot.expected(&worker.name);
+    let expected_slots = expected.map_or(0, |e| e.slots);
     WorkerAnswer::Ready(WorkerBacklog {
         worker: worker.name.clone(),
         queues: worker.queues.clone(),
         queued,
         running,
         backlog,
+        expected_slots,
+        expected_for: expected.map(|e| e.runs.clone()).unwrap_or_default(),
         queued_tasks,
         running_tasks,
         oldest_queued_age_seconds: seconds(oldest_queued),
         sync_slots: worker.sync_slots,
         desired_replicas: desired_replicas(
-            backlog,
+            backlog.max(expected_slots),
             worker.sync_slots,
             worker.min_replicas,
             worker.max_replicas,
@@ -206,6 +217,14 @@ pub fn worker_answer(
         updated_at: rfc3339(at_wall),
         age_seconds: seconds(age),
     })
+}
+
+impl WorkerBacklog {
+    /// What the pool is sized by: the real backlog, or the slots expected by pre-warm when
+    /// more (the same run is never counted twice).
+    pub fn scaling_slots(&self) -> u64 {
+        self.backlog.max(self.expected_slots)
+    }
 }
 
 /// Seconds with millisecond precision.
@@ -234,6 +253,57 @@ mod tests {
             min_replicas: min,
             max_replicas: max,
         }
+    }
+
+    #[test]
+    fn expected_slots_stand_apart_and_the_pool_is_sized_by_the_larger() {
+        use crate::schedule::windows::{Expected, ExpectedRun};
+        let now = Instant::now();
+        let mut s = Snapshot::empty(&["q".to_string()]);
+        s.record("q", Ok(tasks(1, 1)), now, SystemTime::now());
+        let answer = |s: &Snapshot| match worker_answer(
+            &worker(&["q"], 2, 0, 10),
+            s,
+            now,
+            Duration::from_secs(30),
+        ) {
+            WorkerAnswer::Ready(b) => b,
+            other => panic!("expected ready, got {other:?}"),
+        };
+        let plain = answer(&s);
+        assert_eq!(
+            (plain.backlog, plain.expected_slots, plain.desired_replicas),
+            (2, 0, 1)
+        );
+        assert!(plain.expected_for.is_empty());
+        let runs = vec![ExpectedRun {
+            dag: "etl".into(),
+            run_after: "2026-01-01T05:00:00Z".into(),
+        }];
+        s.set_expected(
+            [(
+                "w".to_string(),
+                Expected {
+                    slots: 6,
+                    runs: runs.clone(),
+                },
+            )]
+            .into(),
+        );
+        let warm = answer(&s);
+        // The backlog stays the real one; the replicas follow max(2, 6), not 2 + 6.
+        assert_eq!(
+            (warm.backlog, warm.expected_slots, warm.desired_replicas),
+            (2, 6, 3)
+        );
+        assert_eq!(warm.scaling_slots(), 6);
+        assert_eq!(warm.expected_for, runs);
+        let json = serde_json::to_value(&warm).unwrap();
+        assert_eq!(json["expectedSlots"], 6);
+        assert_eq!(json["expectedFor"][0]["runAfter"], "2026-01-01T05:00:00Z");
+        // The real backlog above the expectation takes over.
+        s.record("q", Ok(tasks(9, 0)), now, SystemTime::now());
+        assert_eq!(answer(&s).desired_replicas, 5);
     }
 
     #[test]

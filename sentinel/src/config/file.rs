@@ -5,6 +5,7 @@
 //! [`Config`] whose values are known to be usable. Workers are parsed one by one so that even
 //! a typo in a key can name the worker it sits in. Durations are humantime's (`2s`, `1m30s`).
 
+use super::pre_warm::{self, PreWarmConfig, RawPreWarm, RawSchedule, ScheduleConfig};
 use super::ConfigError;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -27,6 +28,8 @@ pub struct Config {
     /// The cluster side: the workers' Deployments and pods, read from the Kubernetes API.
     pub kubernetes: Option<KubernetesConfig>,
     pub history: HistoryConfig,
+    /// Pre-warm from Airflow's schedule: the reader's cadence and each worker's settings.
+    pub schedule: ScheduleConfig,
 }
 
 /// Where the scaling history is kept across restarts; `None`: in memory only.
@@ -159,6 +162,7 @@ struct RawConfig {
     kubernetes: Option<RawKubernetes>,
     #[serde(default)]
     history: Option<RawHistory>,
+    schedule: Option<RawSchedule>,
 }
 
 #[derive(Deserialize, Default)]
@@ -229,7 +233,7 @@ struct RawTokenReview {
 #[serde(
     rename_all = "camelCase",
     deny_unknown_fields,
-    expecting = "a mapping with the keys name, queues, syncSlots, minReplicas, maxReplicas"
+    expecting = "a mapping with the keys name, queues, syncSlots, minReplicas, maxReplicas, preWarm"
 )]
 struct RawWorker {
     name: Option<String>,
@@ -237,6 +241,7 @@ struct RawWorker {
     sync_slots: Option<u32>,
     min_replicas: Option<u32>,
     max_replicas: Option<u32>,
+    pre_warm: Option<RawPreWarm>,
 }
 
 // ---- loading ------------------------------------------------------------------------------
@@ -284,11 +289,15 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let source = validate_source(raw.source)?;
     let auth = validate_auth(raw.auth.unwrap_or_default())?;
     let history = validate_history(raw.history.unwrap_or_default())?;
+    let mut schedule = ScheduleConfig {
+        read_interval: pre_warm::read_interval(raw.schedule)?,
+        ..ScheduleConfig::default()
+    };
 
     let mut workers = Vec::new();
     let mut first_index: HashMap<String, usize> = HashMap::new();
     for (index, value) in raw.workers.unwrap_or_default().into_iter().enumerate() {
-        let worker = validate_worker(index, value)?;
+        let (worker, pre_warm) = validate_worker(index, value)?;
         if let Some(first) = first_index.get(&worker.name) {
             return Err(ConfigError::new(format!(
                 "worker \"{}\": name: duplicate (workers[{first}] and workers[{index}] have the same name)",
@@ -296,6 +305,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             )));
         }
         first_index.insert(worker.name.clone(), index);
+        schedule.workers.insert(worker.name.clone(), pre_warm);
         workers.push(worker);
     }
 
@@ -309,6 +319,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         workers,
         history,
         kubernetes,
+        schedule,
     })
 }
 
@@ -453,8 +464,12 @@ fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
     })
 }
 
-/// Checks one worker entry; every message starts with the worker it concerns.
-fn validate_worker(index: usize, value: serde_yaml::Value) -> Result<WorkerConfig, ConfigError> {
+/// Checks one worker entry and its pre-warm settings; every message starts with the worker it
+/// concerns.
+fn validate_worker(
+    index: usize,
+    value: serde_yaml::Value,
+) -> Result<(WorkerConfig, PreWarmConfig), ConfigError> {
     // Name the worker in every message, even when the rest of the entry does not parse.
     let label = match value.get("name").and_then(|n| n.as_str()) {
         Some(name) => format!("worker \"{name}\""),
@@ -501,13 +516,17 @@ fn validate_worker(index: usize, value: serde_yaml::Value) -> Result<WorkerConfi
             "minReplicas: {min_replicas} is greater than maxReplicas {max_replicas}"
         )));
     }
-    Ok(WorkerConfig {
-        name,
-        queues,
-        sync_slots,
-        min_replicas,
-        max_replicas,
-    })
+    let pre_warm = pre_warm::validate(raw.pre_warm, fail)?;
+    Ok((
+        WorkerConfig {
+            name,
+            queues,
+            sync_slots,
+            min_replicas,
+            max_replicas,
+        },
+        pre_warm,
+    ))
 }
 
 /// A DNS-1123 subdomain: what Kubernetes accepts as a Deployment name. Such a name is also

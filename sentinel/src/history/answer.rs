@@ -4,6 +4,7 @@
 
 use super::decisions::Decision;
 use super::findings::{findings, tiles, Finding, RangeTotals, Tiles};
+use super::pre_warm_log::PreWarmSummary;
 use super::range::HistoryRange;
 use super::tier::Bucket;
 use super::worker_history::WorkerHistory;
@@ -32,6 +33,8 @@ pub struct HistoryAnswer {
     pub decisions: Vec<DecisionEntry>,
     /// The workers' cold starts that began in the range.
     pub cold_starts: ColdStartsAnswer,
+    /// What pre-warming from the schedule did in the range (filled in by the store).
+    pub pre_warm: PreWarmSummary,
 }
 
 /// One bucket: the peak of each line within it; the range in effect at its end.
@@ -120,6 +123,7 @@ pub fn history_answer(
             .map(decision_entry)
             .collect(),
         cold_starts,
+        pre_warm: PreWarmSummary::default(),
     }
 }
 

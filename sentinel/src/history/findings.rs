@@ -57,6 +57,8 @@ pub enum FindingKind {
     WaitingForCapacity,
     BelowMinimum,
     WithinRange,
+    /// Idle worker-time spent on pre-warming from the schedule.
+    PreWarmIdle,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

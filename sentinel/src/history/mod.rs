@@ -5,7 +5,8 @@
 //! one KEDA gets) and the [pool view](crate::pool) into a [`sample`]; the [`store`] adds it to three
 //! downsampled [`tier`]s and to the [`decisions`] log; a request picks the tier of its
 //! [`range`] and builds the [`answer`], with [`findings`] worded by [`duration_text`].
-//! [`persist`] keeps it across restarts when `history.path` is set.
+//! [`persist`] keeps it across restarts when `history.path` is set; the [`pre_warm_log`] (in
+//! memory only) says what pre-warming from the schedule did.
 //!
 //! With two Sentinel replicas, each records the same inputs on its own (both read the same
 //! source every refresh); an answer names the replica that recorded it (`recordedBy`, from
@@ -20,6 +21,7 @@ pub mod duration_text;
 pub mod findings;
 pub mod instance;
 pub mod persist;
+pub mod pre_warm_log;
 pub mod range;
 pub mod recorder;
 pub mod sample;

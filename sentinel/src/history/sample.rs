@@ -27,7 +27,7 @@ pub struct Sample {
 impl Sample {
     pub fn new(answer: &WorkerBacklog, cluster: ClusterView) -> Sample {
         Sample {
-            wanted: wanted_replicas(answer.backlog, answer.sync_slots),
+            wanted: wanted_replicas(answer.scaling_slots(), answer.sync_slots),
             desired_replicas: answer.desired_replicas,
             cluster,
             backlog: saturate(answer.backlog),
@@ -109,6 +109,8 @@ pub(crate) mod tests {
             queued: 60,
             running: 10,
             backlog: 70,
+            expected_slots: 0,
+            expected_for: Vec::new(),
             queued_tasks: 30,
             running_tasks: 10,
             oldest_queued_age_seconds: 0.0,

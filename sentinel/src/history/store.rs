@@ -4,6 +4,8 @@
 use super::answer::{history_answer, HistoryAnswer};
 use super::clock::{unix_ms, WallClock};
 use super::decisions::DecisionSource;
+use super::findings::{Finding, FindingKind};
+use super::pre_warm_log::PreWarmLog;
 use super::range::HistoryRange;
 use super::sample::Sample;
 use super::worker_history::WorkerHistory;
@@ -26,6 +28,7 @@ pub struct History {
     recorded_by: String,
     /// The pools' cold starts, kept in memory only (a restarted Sentinel times new ones).
     cold_starts: Option<Arc<ColdStarts>>,
+    pre_warm: Arc<PreWarmLog>,
 }
 
 impl History {
@@ -36,6 +39,7 @@ impl History {
             clock,
             recorded_by,
             cold_starts: None,
+            pre_warm: Arc::default(),
         }
     }
 
@@ -47,6 +51,11 @@ impl History {
 
     pub fn cold_starts(&self) -> Option<&Arc<ColdStarts>> {
         self.cold_starts.as_ref()
+    }
+
+    /// Where pre-warming writes what it did.
+    pub fn pre_warm_log(&self) -> Arc<PreWarmLog> {
+        self.pre_warm.clone()
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -86,14 +95,26 @@ impl History {
             .map(|c| cold_starts_answer(&c.starts_since(&worker.name, from_ms), c.chain()))
             .unwrap_or_default();
         let data = self.lock();
-        history_answer(
+        let mut answer = history_answer(
             worker,
             data.workers.get(&worker.name),
             range,
             now_ms,
             &self.recorded_by,
             cold_starts,
-        )
+        );
+        let pre_warm = self
+            .pre_warm
+            .summary(&worker.name, now_ms.saturating_sub(range.millis()));
+        if let Some(text) = pre_warm.finding_text() {
+            answer.findings.push(Finding {
+                kind: FindingKind::PreWarmIdle,
+                text,
+                seconds: pre_warm.idle_worker_seconds.round() as u64,
+            });
+        }
+        answer.pre_warm = pre_warm;
+        answer
     }
 
     /// Runs `f` on the data under the lock (to serialise it for saving).

@@ -36,6 +36,7 @@ pub struct Metrics {
     queue_task_slots: IntGaugeVec,
     queue_data_age: GaugeVec,
     worker_backlog: IntGaugeVec,
+    worker_expected_slots: IntGaugeVec,
     worker_oldest_queued_age: GaugeVec,
     worker_desired_replicas: IntGaugeVec,
     worker_available: IntGaugeVec,
@@ -163,6 +164,12 @@ impl Metrics {
                 "Task slots (sum of pool_slots) of the queued plus running task instances over the worker's queues, the value KEDA reads (absent when not fresh).",
                 &["worker"],
             ),
+            worker_expected_slots: gauge_vec(
+                &r,
+                "astro_sentinel_worker_expected_slots",
+                "Task slots that scheduled runs about to start are expected to need (pre-warm), apart from the backlog; 0 outside a pre-warm window (absent when not fresh).",
+                &["worker"],
+            ),
             worker_oldest_queued_age: register(
                 &r,
                 GaugeVec::new(
@@ -234,6 +241,7 @@ impl Metrics {
             }
         }
         self.worker_backlog.reset();
+        self.worker_expected_slots.reset();
         self.worker_oldest_queued_age.reset();
         self.worker_desired_replicas.reset();
         for worker in workers {
@@ -244,6 +252,9 @@ impl Metrics {
                     self.worker_backlog
                         .with_label_values(&[name])
                         .set(saturating_i64(b.backlog));
+                    self.worker_expected_slots
+                        .with_label_values(&[name])
+                        .set(saturating_i64(b.expected_slots));
                     self.worker_oldest_queued_age
                         .with_label_values(&[name])
                         .set(b.oldest_queued_age_seconds);

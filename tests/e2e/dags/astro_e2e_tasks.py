@@ -55,11 +55,12 @@ def big_logger(lines: int) -> None:
     print("astro-e2e end of big log", flush=True)
 
 
-def e2e_dag(dag_id: str, queue: str, max_active_tasks: int) -> DAG:
-    """An empty DAG with the common settings; use it as a context manager."""
+def e2e_dag(dag_id: str, queue: str, max_active_tasks: int, schedule=None) -> DAG:
+    """An empty DAG with the common settings (no schedule unless given); use it as a context
+    manager."""
     return DAG(
         dag_id=dag_id,
-        schedule=None,
+        schedule=schedule,
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_tasks=max_active_tasks,

@@ -1,7 +1,8 @@
 //! The external scaler RPCs. A ScaledObject names its worker in the trigger's metadata
-//! (`worker: <name>`); the metric is the worker's backlog (`queued + running`) with `syncSlots`
-//! as the target per replica, so the HPA computes the same `ceil(backlog / syncSlots)` as with
-//! the `metrics-api` trigger.
+//! (`worker: <name>`); the metric is the worker's backlog (`queued + running`), or the slots
+//! pre-warm expects when more, with `syncSlots` as the target per replica, so the HPA computes
+//! the same `ceil(max(backlog, expectedSlots) / syncSlots)` as with the `metrics-api`
+//! triggers.
 
 use super::proto::external_scaler_server::ExternalScaler;
 use super::proto::{
@@ -119,7 +120,7 @@ fn is_active(
     staleness_limit: Duration,
 ) -> Result<bool, Status> {
     let b = backlog(&target.worker, snapshot, staleness_limit)?;
-    Ok(b.backlog as f64 > target.activation)
+    Ok(b.scaling_slots() as f64 > target.activation)
 }
 
 type ActivityStream = Pin<Box<dyn Stream<Item = Result<IsActiveResponse, Status>> + Send>>;
@@ -222,8 +223,8 @@ impl ExternalScaler for ExternalScalerService {
         Ok(Response::new(GetMetricsResponse {
             metric_values: vec![MetricValue {
                 metric_name: METRIC_NAME.into(),
-                metric_value: i64::try_from(b.backlog).unwrap_or(i64::MAX),
-                metric_value_float: b.backlog as f64,
+                metric_value: i64::try_from(b.scaling_slots()).unwrap_or(i64::MAX),
+                metric_value_float: b.scaling_slots() as f64,
             }],
         }))
     }
@@ -321,6 +322,40 @@ mod tests {
         };
         let r = f.service.get_metrics(Request::new(request)).await?;
         Ok(r.into_inner().metric_values[0].metric_value_float)
+    }
+
+    #[tokio::test]
+    async fn pre_warm_activates_and_the_metric_is_the_larger_of_backlog_and_expected() {
+        use crate::schedule::windows::Expected;
+        let f = fixture();
+        let w = [(WORKER_KEY, "w")];
+        let mut s = snapshot(0, Duration::ZERO);
+        s.set_expected(
+            [(
+                "w".to_string(),
+                Expected {
+                    slots: 3,
+                    runs: Vec::new(),
+                },
+            )]
+            .into(),
+        );
+        f.cache.publish(s);
+        assert!(active(&f, &w).await.unwrap());
+        assert_eq!(metric(&f).await.unwrap(), 3.0);
+        let mut s = snapshot(5, Duration::ZERO);
+        s.set_expected(
+            [(
+                "w".to_string(),
+                Expected {
+                    slots: 3,
+                    runs: Vec::new(),
+                },
+            )]
+            .into(),
+        );
+        f.cache.publish(s);
+        assert_eq!(metric(&f).await.unwrap(), 5.0, "max, not sum");
     }
 
     #[tokio::test]
