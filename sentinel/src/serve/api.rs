@@ -12,7 +12,8 @@ use crate::config::file::WorkerConfig;
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
-use crate::serve::auth::{Authenticator, Decision};
+use crate::serve::auth::{Authenticator, Decision, Scope};
+use crate::serve::queue_events::QueueEvents;
 use crate::serve::response::{error, json, respond, text, Body};
 use crate::serve::routes::{Route, V1Route};
 use crate::serve::ui;
@@ -35,6 +36,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub history: Arc<History>,
+    pub queue_events: QueueEvents,
 }
 
 impl AppState {
@@ -46,6 +48,7 @@ impl AppState {
         metrics: Arc<Metrics>,
         readiness: Readiness,
         history: Arc<History>,
+        queue_events: QueueEvents,
     ) -> Self {
         let index = workers
             .iter()
@@ -61,6 +64,7 @@ impl AppState {
             metrics,
             readiness,
             history,
+            queue_events,
         }
     }
 
@@ -136,11 +140,16 @@ async fn route<B: hyper::body::Body>(
         }
         Route::V1(v1) => {
             let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-            match state.auth.check(authorization).await {
+            let scope = match v1 {
+                V1Route::QueueEvents => Scope::Subscribe,
+                _ => Scope::Read,
+            };
+            match state.auth.check(authorization, scope).await {
                 Decision::Allow => match v1 {
                     V1Route::Workers => list(state),
                     V1Route::Worker(name) => one(state, name),
                     V1Route::History(name) => history(state, name, req.uri().query()),
+                    V1Route::QueueEvents => state.queue_events.subscribe(req.uri().query()),
                 },
                 Decision::Unauthorized(message) => unauthorized(message),
                 Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
