@@ -2,7 +2,8 @@
 //!
 //! It is work-conserving: after a job arrives it asks again at once, and when a job ends its
 //! slot wakes the loop without waiting for the idle interval. Only a fetch that found nothing
-//! waits the idle interval.
+//! waits the idle interval — the longer subscribed one while the Sentinel subscription is up,
+//! which wakes the loop the moment work is queued (see [`crate::sentinel_subscription`]).
 
 use crate::context::Context;
 use crate::task_runner;
@@ -19,7 +20,6 @@ const RETRY_CAP: Duration = Duration::from_secs(4);
 /// Returns when the drain starts.
 pub async fn run(ctx: Arc<Context>) {
     let mut backoff = Backoff::new(Duration::from_millis(500), RETRY_CAP);
-    let idle = ctx.config.idle_fetch_interval;
     loop {
         if ctx.drain.is_cancelled() {
             return;
@@ -51,10 +51,16 @@ pub async fn run(ctx: Arc<Context>) {
             Ok(None) => {
                 backoff.reset();
                 drop(reservation);
+                let idle = if ctx.wake.subscribed() {
+                    ctx.config.subscribed_idle_fetch_interval
+                } else {
+                    ctx.config.idle_fetch_interval
+                };
                 tokio::select! {
                     _ = ctx.drain.cancelled() => return,
                     _ = ctx.slots.freed() => {}
                     _ = ctx.maintenance_changed.notified() => {}
+                    _ = ctx.wake.woken() => {}
                     _ = tokio::time::sleep(idle) => {}
                 }
             }

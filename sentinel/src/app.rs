@@ -238,8 +238,8 @@ pub async fn start_with(
         metrics.clone(),
         readiness.clone(),
         history,
-        queue_events,
-    );
+    )
+    .with_queue_events(queue_events);
     let addr = serve_http(listener, state, &mut tasks)?;
     Ok(Running {
         addr,

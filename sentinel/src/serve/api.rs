@@ -36,7 +36,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub history: Arc<History>,
-    pub queue_events: QueueEvents,
+    /// The agents' wake-up stream; without it `/v1/queues/events` is a 404.
+    pub queue_events: Option<QueueEvents>,
 }
 
 impl AppState {
@@ -48,7 +49,6 @@ impl AppState {
         metrics: Arc<Metrics>,
         readiness: Readiness,
         history: Arc<History>,
-        queue_events: QueueEvents,
     ) -> Self {
         let index = workers
             .iter()
@@ -64,8 +64,14 @@ impl AppState {
             metrics,
             readiness,
             history,
-            queue_events,
+            queue_events: None,
         }
+    }
+
+    /// Serves the agents' wake-up stream as well.
+    pub fn with_queue_events(mut self, queue_events: QueueEvents) -> Self {
+        self.queue_events = Some(queue_events);
+        self
     }
 
     pub fn workers(&self) -> &[WorkerConfig] {
@@ -149,7 +155,10 @@ async fn route<B: hyper::body::Body>(
                     V1Route::Workers => list(state),
                     V1Route::Worker(name) => one(state, name),
                     V1Route::History(name) => history(state, name, req.uri().query()),
-                    V1Route::QueueEvents => state.queue_events.subscribe(req.uri().query()),
+                    V1Route::QueueEvents => match &state.queue_events {
+                        Some(events) => events.subscribe(req.uri().query()),
+                        None => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
+                    },
                 },
                 Decision::Unauthorized(message) => unauthorized(message),
                 Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),

@@ -89,7 +89,7 @@ impl QueueEvents {
     pub fn subscribe(&self, query: Option<&str>) -> Response<Body> {
         let queues = match self.queues(query) {
             Ok(queues) => queues,
-            Err(response) => return response,
+            Err((status, why)) => return error(status, why),
         };
         let snapshots = self.cache.subscribe();
         let state = match read_state(&snapshots.borrow(), &queues, self.staleness_limit) {
@@ -134,7 +134,7 @@ impl QueueEvents {
         r
     }
 
-    fn queues(&self, query: Option<&str>) -> Result<Vec<String>, Response<Body>> {
+    fn queues(&self, query: Option<&str>) -> Result<Vec<String>, (StatusCode, String)> {
         let mut queues: Vec<String> =
             url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
                 .filter(|(key, _)| key == "queue")
@@ -143,14 +143,14 @@ impl QueueEvents {
         queues.sort();
         queues.dedup();
         if queues.is_empty() || queues.len() > MAX_QUEUES {
-            return Err(error(
+            return Err((
                 StatusCode::BAD_REQUEST,
                 format!("queue: give between 1 and {MAX_QUEUES} queue parameters"),
             ));
         }
         let snapshot = self.cache.snapshot();
         if let Some(unknown) = queues.iter().find(|q| snapshot.queue(q).is_none()) {
-            return Err(error(
+            return Err((
                 StatusCode::NOT_FOUND,
                 format!("queue {unknown:?}: no configured worker serves it"),
             ));
