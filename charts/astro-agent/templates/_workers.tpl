@@ -164,9 +164,22 @@ Every refusal names the key and the fix.
 {{- else -}}
 {{- $_ := set $w "mode" "fixed" -}}
 {{- end -}}
+{{- /* The Sentinel's queue-event stream wakes idle agents: on when the Sentinel is. */ -}}
+{{- $_ := set $w "wakeOn" (and $root.Values.sentinel.enabled $w.wake.enabled) -}}
+{{- $_ := set $w "serviceAccountUser" (printf "system:serviceaccount:%s:%s" $root.Release.Namespace (default "default" $w.serviceAccountName)) -}}
 {{- $out = append $out $w -}}
 {{- end -}}
 {{- toJson (dict "workers" $out) -}}
+{{- end -}}
+
+{{/* The service-account usernames of the workers whose agents subscribe to the Sentinel, as
+JSON {"users": [...]}: the Sentinel's allow-list for the queue-event stream. */}}
+{{- define "astro-agent.wakeUsers" -}}
+{{- $users := list -}}
+{{- range $w := (include "astro-agent.workers" . | fromJson).workers -}}
+{{- if $w.wakeOn -}}{{- $users = append $users $w.serviceAccountUser -}}{{- end -}}
+{{- end -}}
+{{- toJson (dict "users" (uniq $users)) -}}
 {{- end -}}
 
 {{/* The KEDA-enabled workers, as JSON {"workers": [...]}. */}}
