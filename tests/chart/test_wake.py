@@ -1,4 +1,5 @@
-"""Waking idle workers: with the Sentinel on, each worker Pod's agent container (and it alone)
+"""Waking idle workers: for each KEDA worker (the Sentinel reads its queues), the agent container
+(and it alone)
 gets a token projected for the Sentinel's queue-event audience and the settings to subscribe;
 the Sentinel's config allows exactly the workers' service accounts, for that audience, and it
 may send TokenReviews; the NetworkPolicy lets the worker Pods in. Off per worker, and with the
@@ -13,7 +14,7 @@ TOKEN_DIR = "/var/run/secrets/astro-sentinel"
 
 def wake_workers(name):
     values, workers = effective(name)
-    return values, [w for w in workers if values["sentinel"]["enabled"] and w["wake"]["enabled"]]
+    return values, [w for w in workers if w["mode"] == "keda" and w["wake"]["enabled"]]
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)
@@ -28,7 +29,8 @@ def test_each_agent_container_alone_gets_a_token_for_the_sentinel(chart, name):
         agent = container(deploy, "agent")
         env = env_of(agent)
         volumes = {v["name"]: v for v in spec["volumes"]}
-        if not values["sentinel"]["enabled"]:
+        if w["mode"] != "keda":
+            # The Sentinel knows only the KEDA workers' queues.
             assert "ASTRO_AGENT_SENTINEL_URL" not in env
             assert "sentinel-token" not in volumes
             continue

@@ -164,8 +164,9 @@ Every refusal names the key and the fix.
 {{- else -}}
 {{- $_ := set $w "mode" "fixed" -}}
 {{- end -}}
-{{- /* The Sentinel's queue-event stream wakes idle agents: on when the Sentinel is. */ -}}
-{{- $_ := set $w "wakeOn" (and $root.Values.sentinel.enabled $w.wake.enabled) -}}
+{{- /* The Sentinel's queue-event stream wakes idle agents of the KEDA workers, whose queues it
+       reads (the others' queues it does not know). */ -}}
+{{- $_ := set $w "wakeOn" (and (eq $w.mode "keda") $w.wake.enabled) -}}
 {{- $_ := set $w "serviceAccountUser" (printf "system:serviceaccount:%s:%s" $root.Release.Namespace (default "default" $w.serviceAccountName)) -}}
 {{- $out = append $out $w -}}
 {{- end -}}
