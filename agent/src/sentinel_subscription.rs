@@ -133,9 +133,16 @@ async fn stream(
             Err(e) => return Ended::Lost(format!("cannot read {}: {e}", path.display())),
         }
     }
-    let mut response = match request.send().await {
-        Ok(r) => r,
-        Err(e) => return Ended::Lost(airflow::error::with_causes(&e)),
+    // A Sentinel that takes the connection and never answers is as good as none.
+    let mut response = match tokio::time::timeout(SILENCE_LIMIT, request.send()).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Ended::Lost(airflow::error::with_causes(&e)),
+        Err(_) => {
+            return Ended::Lost(format!(
+                "the Sentinel did not answer within {}",
+                humantime::format_duration(SILENCE_LIMIT)
+            ))
+        }
     };
     if !response.status().is_success() {
         let status = response.status();
