@@ -229,3 +229,43 @@ async fn a_sentinel_that_refuses_the_token_leaves_the_agent_polling() {
         "the same refusal is logged once:\n{log}"
     );
 }
+
+#[tokio::test]
+async fn a_queue_change_by_airflow_resubscribes_to_the_new_queues() {
+    let fake = FakeAirflow::start().await;
+    let sentinel = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(
+        &fake,
+        dir.path(),
+        &[
+            "--sentinel-url",
+            &format!("http://{}", sentinel.local_addr().unwrap()),
+            "--idle-fetch-interval",
+            "120s",
+            "--subscribed-idle-fetch-interval",
+            "120s",
+        ],
+    )
+    .await;
+    let mut first = accept(&sentinel).await;
+    assert!(
+        first.request.contains("?queue=default HTTP"),
+        "{}",
+        first.request
+    );
+    first.open().await;
+    first.send("subscribed", 0).await;
+    until_metric(&agent, "astro_agent_sentinel_subscribed", 1.0).await;
+
+    fake.with(|s| s.heartbeat_answer_queues = Some(vec!["default".into(), "extra".into()]));
+    let second = accept(&sentinel).await;
+    assert!(
+        second
+            .request
+            .starts_with("GET /v1/queues/events?queue=default&queue=extra HTTP/1.1\r\n"),
+        "{}",
+        second.request
+    );
+    drop(first);
+}
