@@ -8,6 +8,7 @@ use crate::heartbeat;
 use crate::metrics::{EdgeCallMetrics, Metrics};
 use crate::queue_stats;
 use crate::registration::{self, Registered};
+use crate::sentinel_subscription;
 use crate::shutdown;
 use crate::slots::Slots;
 use crate::task_host_client::{TaskHost, Welcome};
@@ -15,6 +16,7 @@ use crate::task_host_link::Link;
 use crate::task_host_protocol::{HostedTask, TaskSettings, KILL_GRACE};
 use crate::task_runner;
 use crate::versions;
+use crate::wake::Wake;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
 use airflow::edge_token::EdgeTokenSigner;
@@ -122,6 +124,7 @@ pub async fn run(
             give_up: CancellationToken::new(),
             heartbeat_now: Notify::new(),
             maintenance_changed: Notify::new(),
+            wake: Wake::default(),
         });
         let outcome = serve(&ctx, &readiness, left_behind, adopt).await;
         stop_host.cancel();
@@ -161,6 +164,14 @@ async fn serve(
     let stop_background = CancellationToken::new();
     let heartbeats = tokio::spawn(heartbeat::run(ctx.clone(), stop_background.clone()));
     let stats = tokio::spawn(queue_stats::run(ctx.clone(), stop_background.clone()));
+    // Ends with the drain: a draining agent fetches nothing, so nothing needs waking.
+    let subscription = ctx.config.sentinel.clone().map(|sentinel| {
+        tokio::spawn(sentinel_subscription::run(
+            ctx.clone(),
+            sentinel,
+            ctx.drain.clone(),
+        ))
+    });
 
     fetch_loop::run(ctx.clone()).await;
 
@@ -178,6 +189,9 @@ async fn serve(
     stop_background.cancel();
     let _ = heartbeats.await;
     let _ = stats.await;
+    if let Some(subscription) = subscription {
+        let _ = subscription.await;
+    }
     heartbeat::report_offline(ctx).await;
     Ok(())
 }

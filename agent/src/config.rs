@@ -203,6 +203,26 @@ pub struct Flags {
     /// PEM file of a private CA to trust for https Edge and REST API URLs, besides the built-in roots
     #[arg(long, env = "ASTRO_AGENT_CA_FILE", value_name = "PATH")]
     pub ca_file: Option<PathBuf>,
+
+    /// The Sentinel's base URL, e.g. http://astro-sentinel:39092: while idle, the agent holds a
+    /// subscription to its queues there and fetches the moment work is queued; off when not given
+    #[arg(long, env = "ASTRO_AGENT_SENTINEL_URL", value_name = "URL")]
+    pub sentinel_url: Option<String>,
+
+    /// File holding the bearer token for the Sentinel, read again at each connection
+    /// (projected service-account tokens rotate)
+    #[arg(long, env = "ASTRO_AGENT_SENTINEL_TOKEN_FILE", value_name = "PATH")]
+    pub sentinel_token_file: Option<PathBuf>,
+
+    /// PEM file of a private CA to trust for an https Sentinel, besides the built-in roots
+    #[arg(long, env = "ASTRO_AGENT_SENTINEL_CA_FILE", value_name = "PATH")]
+    pub sentinel_ca_file: Option<PathBuf>,
+
+    /// Time between fetches while idle and subscribed to the Sentinel, which wakes the agent
+    /// when work is queued (without a subscription: --idle-fetch-interval)
+    #[arg(long, env = "ASTRO_AGENT_SUBSCRIBED_IDLE_FETCH_INTERVAL", value_name = "DURATION",
+          default_value = "30s", value_parser = duration_at_least(Duration::from_millis(100)))]
+    pub subscribed_idle_fetch_interval: Duration,
 }
 
 /// A queue name from the comma-separated list, without the spaces around it.
@@ -236,6 +256,15 @@ pub struct RestApiConfig {
     pub credentials: RestCredentials,
 }
 
+/// Where idle agents subscribe to be woken, when they do.
+#[derive(Debug, Clone)]
+pub struct SentinelConfig {
+    pub url: Url,
+    /// Read at each connection; none when the Sentinel's auth is disabled.
+    pub token_file: Option<PathBuf>,
+    pub ca: Option<airflow::trusted_ca::TrustedCa>,
+}
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -260,6 +289,8 @@ pub struct Config {
     pub task_env_allow: Vec<EnvPattern>,
     /// Trusted for https Airflow besides the built-in roots.
     pub ca: Option<airflow::trusted_ca::TrustedCa>,
+    pub sentinel: Option<SentinelConfig>,
+    pub subscribed_idle_fetch_interval: Duration,
 }
 
 /// How task processes are started.
@@ -421,6 +452,47 @@ impl Flags {
             None => None,
         };
 
+        let sentinel = match self.sentinel_url.as_deref() {
+            None => {
+                if self.sentinel_token_file.is_some() || self.sentinel_ca_file.is_some() {
+                    return Err(err(
+                        "--sentinel-url",
+                        "is required by --sentinel-token-file and --sentinel-ca-file",
+                    ));
+                }
+                None
+            }
+            Some(url) => {
+                let url = http_url("--sentinel-url", Some(url))?;
+                if let Some(path) = &self.sentinel_token_file {
+                    let token = std::fs::read_to_string(path).map_err(|e| {
+                        err(
+                            "--sentinel-token-file",
+                            format!("cannot read {}: {e}", path.display()),
+                        )
+                    })?;
+                    if token.trim().is_empty() {
+                        return Err(err(
+                            "--sentinel-token-file",
+                            format!("{} is empty", path.display()),
+                        ));
+                    }
+                }
+                let ca = match &self.sentinel_ca_file {
+                    Some(path) => Some(
+                        airflow::trusted_ca::TrustedCa::from_pem_file(path)
+                            .map_err(|problem| err("--sentinel-ca-file", problem))?,
+                    ),
+                    None => None,
+                };
+                Some(SentinelConfig {
+                    url,
+                    token_file: self.sentinel_token_file,
+                    ca,
+                })
+            }
+        };
+
         Ok(Config {
             api_url,
             jwt_secret: Secret(jwt_secret),
@@ -441,6 +513,8 @@ impl Flags {
             rest_api,
             task_env_allow,
             ca,
+            sentinel,
+            subscribed_idle_fetch_interval: self.subscribed_idle_fetch_interval,
         })
     }
 }
@@ -478,6 +552,64 @@ mod tests {
         assert_eq!(c.launch_mode, LaunchMode::Prefork);
         assert!(c.rest_api.is_none());
         assert_eq!(c.jwt_secret.expose(), b"s3cret");
+        assert!(c.sentinel.is_none());
+        assert_eq!(c.subscribed_idle_fetch_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn the_sentinel_subscription_is_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "tok\n").unwrap();
+        let c = validate(&[
+            "--sentinel-url",
+            "http://sentinel:39092",
+            "--sentinel-token-file",
+            token.to_str().unwrap(),
+            "--subscribed-idle-fetch-interval",
+            "2m",
+        ])
+        .unwrap();
+        let sentinel = c.sentinel.unwrap();
+        assert_eq!(sentinel.url.as_str(), "http://sentinel:39092/");
+        assert_eq!(sentinel.token_file.as_deref(), Some(token.as_path()));
+        assert_eq!(c.subscribed_idle_fetch_interval, Duration::from_secs(120));
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        for (args, flag) in [
+            (vec!["--sentinel-url", "sentinel:1"], "--sentinel-url"),
+            (vec!["--sentinel-token-file", "/x"], "--sentinel-url"),
+            (
+                vec![
+                    "--sentinel-url",
+                    "http://s:1",
+                    "--sentinel-token-file",
+                    "/nonexistent/t",
+                ],
+                "--sentinel-token-file",
+            ),
+            (
+                vec![
+                    "--sentinel-url",
+                    "http://s:1",
+                    "--sentinel-token-file",
+                    empty.to_str().unwrap(),
+                ],
+                "--sentinel-token-file",
+            ),
+            (
+                vec![
+                    "--sentinel-url",
+                    "http://s:1",
+                    "--sentinel-ca-file",
+                    "/nonexistent/ca",
+                ],
+                "--sentinel-ca-file",
+            ),
+        ] {
+            let e = validate(&args).unwrap_err();
+            assert_eq!(e.flag, flag, "args {args:?} gave {e}");
+        }
     }
 
     #[test]

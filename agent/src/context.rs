@@ -4,6 +4,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::slots::Slots;
 use crate::task_host_client::TaskHost;
+use crate::wake::Wake;
 use crate::worker_status::WorkerStatus;
 use airflow::edge_client::EdgeClient;
 use std::sync::Arc;
@@ -31,6 +32,8 @@ pub struct Context {
     pub heartbeat_now: Notify,
     /// Airflow turned maintenance mode on or off: the fetch loop stops or resumes asking.
     pub maintenance_changed: Notify,
+    /// The Sentinel subscription's wake-ups for the fetch loop.
+    pub wake: Wake,
 }
 
 impl Context {

@@ -2,7 +2,8 @@
 //!
 //! It is work-conserving: after a job arrives it asks again at once, and when a job ends its
 //! slot wakes the loop without waiting for the idle interval. Only a fetch that found nothing
-//! waits the idle interval.
+//! waits the idle interval — the longer subscribed one while the Sentinel subscription is up,
+//! which wakes the loop the moment work is queued (see [`crate::sentinel_subscription`]).
 
 use crate::context::Context;
 use crate::task_runner;
@@ -19,7 +20,10 @@ const RETRY_CAP: Duration = Duration::from_secs(4);
 /// Returns when the drain starts.
 pub async fn run(ctx: Arc<Context>) {
     let mut backoff = Backoff::new(Duration::from_millis(500), RETRY_CAP);
-    let idle = ctx.config.idle_fetch_interval;
+    // Whether this fetch follows a wake-up. One that finds nothing (the job went to another
+    // worker, or is not fetchable yet) is followed by the normal idle interval, never the long
+    // subscribed one: a wake-up can never delay a job beyond what polling would.
+    let mut woken = false;
     loop {
         if ctx.drain.is_cancelled() {
             return;
@@ -44,6 +48,7 @@ pub async fn run(ctx: Arc<Context>) {
         {
             Ok(Some(job)) => {
                 backoff.reset();
+                woken = false;
                 let lease = reservation.into_lease(job.concurrency_slots).await;
                 tracing::info!(task = %job.key(), "job received");
                 ctx.jobs.spawn(task_runner::run(ctx.clone(), job, lease));
@@ -51,10 +56,17 @@ pub async fn run(ctx: Arc<Context>) {
             Ok(None) => {
                 backoff.reset();
                 drop(reservation);
+                let idle = if ctx.wake.subscribed() && !woken {
+                    ctx.config.subscribed_idle_fetch_interval
+                } else {
+                    ctx.config.idle_fetch_interval
+                };
+                woken = false;
                 tokio::select! {
                     _ = ctx.drain.cancelled() => return,
                     _ = ctx.slots.freed() => {}
                     _ = ctx.maintenance_changed.notified() => {}
+                    _ = ctx.wake.woken() => woken = true,
                     _ = tokio::time::sleep(idle) => {}
                 }
             }

@@ -57,7 +57,11 @@ async fn beat(ctx: &Context) -> Option<WorkerState> {
     match ctx.edge.heartbeat(&ctx.config.worker_name, &body).await {
         Ok(answer) => {
             ctx.metrics.heartbeat_accepted();
+            let queues = ctx.status.queues();
             let requests = ctx.status.apply(&answer, ctx.slots.total());
+            if ctx.status.queues() != queues {
+                ctx.wake.queues_changed();
+            }
             if let Some(concurrency) = requests.concurrency {
                 ctx.slots.resize(concurrency);
             }

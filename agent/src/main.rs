@@ -14,8 +14,10 @@ mod metrics;
 mod queue_stats;
 mod registration;
 mod reporter;
+mod sentinel_subscription;
 mod shutdown;
 mod slots;
+mod sse;
 mod task_env;
 mod task_host;
 mod task_host_client;
@@ -23,6 +25,7 @@ mod task_host_link;
 mod task_host_protocol;
 mod task_runner;
 mod versions;
+mod wake;
 mod worker_status;
 
 use clap::ValueEnum;

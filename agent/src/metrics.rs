@@ -25,6 +25,8 @@ pub struct Metrics {
     pub heartbeat_age: Gauge,
     pub draining: IntGauge,
     pub task_reports_pending: IntGauge,
+    pub sentinel_subscribed: IntGauge,
+    pub wakeups: IntCounter,
     last_heartbeat: Mutex<Option<Instant>>,
 }
 
@@ -161,6 +163,20 @@ impl Metrics {
                 Gauge::new(
                     "astro_agent_heartbeat_age_seconds",
                     "Seconds since the last heartbeat Airflow accepted (-1 before the first).",
+                ),
+            ),
+            sentinel_subscribed: register(
+                &r,
+                IntGauge::new(
+                    "astro_agent_sentinel_subscribed",
+                    "1 while the agent holds a subscription to the Sentinel's queue events (then an idle agent fetches at the subscribed interval unless woken), 0 while it polls Airflow at the idle interval.",
+                ),
+            ),
+            wakeups: register(
+                &r,
+                IntCounter::new(
+                    "astro_agent_wakeups_total",
+                    "Times the Sentinel woke the fetch loop because work was queued on the agent's queues.",
                 ),
             ),
             draining: register(

@@ -48,6 +48,7 @@ from harness.procs import wait_for
 from harness.python_edge_worker import PythonEdgeWorker
 
 from counting_proxy import CountingProxy
+from wake_sentinel import REFRESH as SENTINEL_REFRESH, WakeSentinel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,12 +63,20 @@ TASK_SECONDS_32 = 3.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Worker kinds: the agent as deployed (default launch mode), the Python worker, and - on
 #: request only - the agent starting every task in a fresh interpreter (--launch-mode fresh).
-KINDS = ("astro-agent", "astro-agent-baseline", "python", "astro-agent-fresh")
+KINDS = ("astro-agent", "astro-agent-baseline", "python", "astro-agent-fresh", "astro-agent-wake")
 DEFAULT_KINDS = ("astro-agent", "python")
+#: ``--wake``: the agent subscribed to the Sentinel, the agent polling, the Python worker.
+WAKE_KINDS = ("astro-agent-wake", "astro-agent", "python")
 LABELS = {"astro-agent": "astro-agent", "python": "python edge worker", "astro-agent-fresh": "astro-agent (fresh)",
-          "astro-agent-baseline": "astro-agent (baseline)"}
+          "astro-agent-baseline": "astro-agent (baseline)", "astro-agent-wake": "astro-agent (wake-up)"}
 SHORT = {"astro-agent": "agent", "python": "python", "astro-agent-fresh": "agent-fresh",
-         "astro-agent-baseline": "agent-base"}
+         "astro-agent-baseline": "agent-base", "astro-agent-wake": "agent-wake"}
+#: Targets of the wake-up (issue 22): an idle warm worker's queued -> running, and the requests
+#: of 20 idle agents against 20 idle Python workers.
+TARGET_WAKE_P50_S = 0.5
+TARGET_WAKE_P95_S = 1.0
+TARGET_FLEET_RATIO = 0.25
+FLEET_SIZE = 20
 #: The baseline kind runs another build of the agent (an earlier commit's), to compare two
 #: versions in one run.
 BASELINE_BIN = "ASTRO_AGENT_BASELINE_BIN"
@@ -323,9 +332,11 @@ def summary(values: list[float]) -> dict | None:
 class Worker:
     """One worker process of either kind, with a uniform start/stop."""
 
-    def __init__(self, stack: AirflowStack, kind: str, name: str, slots: int, api_base: str | None = None):
+    def __init__(self, stack: AirflowStack, kind: str, name: str, slots: int, api_base: str | None = None,
+                 sentinel: WakeSentinel | None = None, launch_mode: str | None = None):
         """``api_base``: where the worker reaches the Edge API (the counting proxy), when not the
-        api-server itself."""
+        api-server itself; ``sentinel``: what an ``astro-agent-wake`` subscribes to;
+        ``launch_mode``: the agent's, when not its kind's."""
         self.stack, self.kind, self.name, self.slots = stack, kind, name, slots
         if kind.startswith("astro-agent"):
             # The agent's defaults (30 s heartbeat, 5 s idle fetch) - the same cadence as the
@@ -338,6 +349,11 @@ class Worker:
                     mode = {"extra_args": ["--launch-mode", "fresh"]}
             if kind == "astro-agent-baseline":
                 mode["program"] = Path(os.environ[BASELINE_BIN])
+            if kind == "astro-agent-wake":
+                # The agent's defaults otherwise: 30 s between idle fetches while subscribed.
+                mode["extra_args"] = ["--sentinel-url", sentinel.url, "--sentinel-token-file", str(sentinel.token_file)]
+            if launch_mode:
+                mode["launch_mode"] = launch_mode
             self.impl = AstroAgent(
                 stack, name, queues=[QUEUE], sync_slots=slots, queue_stats=False, heartbeat_interval="30s",
                 api_base=api_base, **mode
@@ -406,6 +422,7 @@ class Bench:
         self.runs: list[tuple[str, str]] = []
         self.rng = random.Random(args.seed)
         self.uptimes: list[dict] = []
+        self.sentinel: WakeSentinel | None = None
 
     @property
     def client(self):
@@ -443,7 +460,8 @@ class Bench:
         """A registered, idle worker; with ``counted``, reaching the api-server through the proxy."""
         self.queue_empty()
         name = f"bench-{SHORT[kind]}-{slots}"
-        worker = Worker(self.stack, kind, name, slots, api_base=self.proxy.url if counted else None)
+        worker = Worker(self.stack, kind, name, slots, api_base=self.proxy.url if counted else None,
+                        sentinel=self.sentinel)
         self.workers.append(worker)
         say(f"starting {LABELS[kind]} {name} with {slots} slots")
         t = time.monotonic()
@@ -631,7 +649,7 @@ class Bench:
             f"median {first['median']:.2f}s ({first['min']:.2f}-{first['max']:.2f})")
         self.queue_empty()
         pss = []
-        if not self.args.quick:  # three minutes of waiting
+        if not self.args.quick and not self.args.wake:  # three minutes of waiting
             time.sleep(SPARES_LET_GO_S)
             self.note_load(f"{worker.name} idle after work")
             for _ in range(5):
@@ -686,6 +704,56 @@ class Bench:
 
     def edge_jobs_waiting(self) -> int:
         return int(self.stack.sql(f"SELECT count(*) FROM edge_job WHERE queue = '{QUEUE}' AND state = 'queued'"))
+    def idle_fleet(self, kind: str) -> dict:
+        """api-server requests per idle minute of FLEET_SIZE idle workers of ``kind``, all
+        reaching the Edge API through the counting proxy (the count is taken there: the
+        api-server logs no access lines by default, which is why counting from its log read 0).
+        The agents start tasks in fresh interpreters: a fleet of pre-forked launchers would only
+        load the machine, and an idle worker's requests do not depend on it."""
+        self.queue_empty()
+        fleet = []
+        try:
+            for i in range(FLEET_SIZE):
+                name = f"fleet-{SHORT[kind]}-{i:02d}"
+                worker = Worker(self.stack, kind, name, 4, api_base=self.proxy.url, sentinel=self.sentinel,
+                                launch_mode="fresh" if kind.startswith("astro-agent") else None)
+                self.workers.append(worker)
+                fleet.append(worker)
+                worker.impl.start()
+            for worker in fleet:
+                self.stack.client.wait_edge_worker(worker.name, states=("idle",), timeout=300)
+            say(f"{FLEET_SIZE} idle {LABELS[kind]} workers registered")
+            time.sleep(self.args.settle)
+            if kind == "astro-agent-wake":
+                subscribed = sum(w.impl.gauge("astro_agent_sentinel_subscribed") == 1 for w in fleet)
+                say(f"{subscribed} of {FLEET_SIZE} subscribed to the Sentinel")
+            self.note_load(f"{FLEET_SIZE} idle {SHORT[kind]}")
+            before, t0 = self.proxy.counts(), time.monotonic()
+            time.sleep(self.args.idle_seconds)
+            requests, elapsed = self.proxy.counts() - before, time.monotonic() - t0
+        finally:
+            for worker in fleet:
+                worker.stop(urgent=True)
+        per_min = 60.0 * sum(requests.values()) / elapsed
+        say(f"{FLEET_SIZE} idle {LABELS[kind]}: {per_min:.1f} api-server requests per minute {dict(requests)}")
+        return {"workers": FLEET_SIZE, "seconds": elapsed, "api_requests": dict(requests), "api_requests_per_min": per_min}
+
+    def bench_wake(self, kind: str, out: dict) -> None:
+        """Queued -> running on an idle warm 4-slot worker (the trials), then the idle fleet."""
+        out["kind"] = kind
+        worker = self.start_worker(kind, 4)
+        try:
+            # Warm: a first task has run, so the launcher and its spares are ready.
+            run, _ = self.trigger(DAG_1)
+            self.client.wait_run(DAG_1, run, timeout=300)
+            out["trials"] = self.trigger_trials(worker)
+            if kind == "astro-agent-wake":
+                out["wakeups"] = worker.impl.gauge("astro_agent_wakeups_total")
+        except BaseException:
+            worker.stop(urgent=True)
+            raise
+        self.stop_worker(worker)
+        out["fleet"] = self.idle_fleet(kind)
 
     # -- one worker kind --
 
@@ -913,6 +981,47 @@ def table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
 # ---- main -------------------------------------------------------------------------------
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between the sorted values."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def wake_table(results: dict, kinds: list[str]) -> tuple[list[list[str]], str]:
+    """The wake-up figures: queued -> running (p50, p95, mean, n) per kind, and the idle fleets'
+    requests per minute, with the targets for the agent with the wake-up."""
+    rows = [["metric", *(LABELS[k] for k in kinds), "target"]]
+    python_rate = _get(results.get("python"), "fleet", "api_requests_per_min")
+    for label, q in (("queued -> running p50 (s)", 0.5), ("queued -> running p95 (s)", 0.95)):
+        row = [label]
+        for k in kinds:
+            trials = _get(results.get(k), "trials", "trials") or []
+            values = [t["queued_to_first_start_s"] for t in trials if t.get("queued_to_first_start_s") is not None]
+            row.append(f"{percentile(values, q):.2f}" if values else "-")
+        limit = TARGET_WAKE_P50_S if q == 0.5 else TARGET_WAKE_P95_S
+        wake = row[1 + kinds.index("astro-agent-wake")] if "astro-agent-wake" in kinds else "-"
+        row.append(f"<= {limit} ({verdict(float(wake), limit, 'wake-up') if wake != '-' else '-'})")
+        rows.append(row)
+    rows.append(["queued -> running mean (s)", *(fmt(_get(results.get(k), "trials", "queued_to_first_start_s", "mean"))
+                                                  for k in kinds), ""])
+    rows.append(["trials", *(str(len(_get(results.get(k), "trials", "trials") or [])) for k in kinds), ">= 20"])
+    rows.append([f"{FLEET_SIZE} idle workers: requests/min",
+                 *(fmt(_get(results.get(k), "fleet", "api_requests_per_min"), digits=1) for k in kinds), ""])
+    ratio_row = [f"  ratio to {FLEET_SIZE} python"]
+    for k in kinds:
+        rate = _get(results.get(k), "fleet", "api_requests_per_min")
+        ratio_row.append(f"{rate / python_rate:.2f}" if rate is not None and python_rate else "-")
+    wake_ratio = ratio_row[1 + kinds.index("astro-agent-wake")] if "astro-agent-wake" in kinds else "-"
+    ratio_row.append(f"<= {TARGET_FLEET_RATIO} ({verdict(float(wake_ratio), TARGET_FLEET_RATIO, 'wake-up') if wake_ratio != '-' else '-'})")
+    rows.append(ratio_row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    return rows, text
+
+
 def versions(stack: AirflowStack | None) -> dict:
     out: dict = {}
     try:
@@ -946,6 +1055,9 @@ def parse_args(argv=None):
     ap.add_argument("--busy-seconds", type=float, help="RSS sampling once 16 tasks run (default 10, quick 3)")
     ap.add_argument("--reps", type=int, help=f"{DAG_32} runs per worker (default 3, quick 1)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the random trigger offsets")
+    ap.add_argument("--wake", action="store_true",
+                    help="the wake-up benchmark only: queued -> running trials and 20 idle workers' api-server "
+                         f"requests for {', '.join(WAKE_KINDS)} (unless --workers says otherwise)")
     ap.add_argument("--trials", type=int, help=f"{DAG_1} trigger -> first start trials per worker (default 20, quick 3; 0 skips)")
     ap.add_argument("--cold-starts", type=int,
                     help="new-worker cold starts with a job waiting, per worker (default 5, quick 2; 0 skips)")
@@ -956,6 +1068,8 @@ def parse_args(argv=None):
     for key, (full, quick) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
+    if args.wake and args.workers == ",".join(DEFAULT_KINDS):
+        args.workers = ",".join(WAKE_KINDS)
     args.kinds = [k.strip() for k in args.workers.split(",") if k.strip()]
     if "astro-agent-baseline" in args.kinds and not os.environ.get(BASELINE_BIN):
         ap.error(f"--workers astro-agent-baseline needs {BASELINE_BIN}: the path of the build to compare with")
@@ -994,8 +1108,14 @@ def main(argv=None) -> int:
         bench.proxy = CountingProxy(bench.stack.api_base).start()
         for dag in (DAG_16, DAG_32, DAG_1):
             bench.client.ensure_runnable(dag)
+        if any(kind == "astro-agent-wake" for kind in args.kinds):
+            bench.sentinel = WakeSentinel(bench.stack, bench.stack.workdir / "sentinel", [QUEUE]).start()
+            say(f"Sentinel (postgres source, refresh {SENTINEL_REFRESH}) at {bench.sentinel.url}")
         for kind in args.kinds:
-            bench.bench_kind(kind, results.setdefault(kind, {}))
+            if args.wake:
+                bench.bench_wake(kind, results.setdefault(kind, {}))
+            else:
+                bench.bench_kind(kind, results.setdefault(kind, {}))
     except BaseException as e:  # report what we have, then re-raise after cleaning up
         error = f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -1013,6 +1133,8 @@ def main(argv=None) -> int:
                 except Exception:
                     pass
             meta = versions(bench.stack)
+            if bench.sentinel is not None:
+                bench.sentinel.stop()
             if bench.proxy is not None:
                 bench.proxy.stop()
             bench.stack.stop()
@@ -1020,7 +1142,7 @@ def main(argv=None) -> int:
             meta = versions(None)
     bench.note_load("end")
 
-    rows, text = table(results, args.kinds)
+    rows, text = wake_table(results, args.kinds) if args.wake else table(results, args.kinds)
     print()
     print(f"astro-agent vs Python edge worker, one Airflow stack ({meta.get('airflow', '?')} + edge3 "
           f"{meta.get('edge_provider', '?')}, Python {meta.get('python', '?')}), commit {meta.get('git_commit', '?')}"

@@ -24,7 +24,6 @@ mod readiness;
 mod write_deadline;
 
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -72,14 +71,19 @@ impl Default for Limits {
 
 /// Serves `listener` with `handler` until `shutdown` completes, then drains. The listener is
 /// bound by the caller, so that a bad address fails at start-up rather than in the background.
-pub async fn serve<H, F>(
+///
+/// A response body may be a long-lived stream (the Sentinel's queue events): it holds its
+/// connection until it ends, so such a stream must end by itself on shutdown.
+pub async fn serve<H, F, B>(
     listener: TcpListener,
     limits: Limits,
     handler: H,
     shutdown: impl Future<Output = ()>,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = http1::Builder::new();
     builder

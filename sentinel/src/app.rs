@@ -24,16 +24,18 @@ use crate::schedule::windows::{PreWarmPool, Windows};
 use crate::serve::api::{handle, AppState};
 use crate::serve::auth::static_tokens::StaticTokens;
 use crate::serve::auth::token_review::{ReviewCounters, TokenReviewer};
-use crate::serve::auth::Authenticator;
+use crate::serve::auth::{Authenticator, Subscribers};
 use crate::serve::external_scaler::server as external_scaler_server;
 use crate::serve::external_scaler::service::ExternalScalerService;
+use crate::serve::queue_events::QueueEvents;
 use crate::sources::airflow_api::AirflowApiSource;
 use crate::sources::postgres::PostgresSource;
 use crate::sources::BacklogSource;
 use http_server::Readiness;
 
-use crate::config::file::{AuthConfig, HistoryConfig};
+use crate::config::file::{AuthConfig, HistoryConfig, TokenReviewConfig};
 use crate::config::flags::{KubernetesAccess, Settings, SourceSettings};
+use crate::config::queue_events::SubscriberAuthConfig;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -253,6 +255,15 @@ pub async fn start_with(
         handles: Vec::new(),
     };
     let auth = authenticator(&config.auth, kubernetes.as_ref(), &metrics, &mut tasks)?;
+    let auth = match subscribers(
+        &config.queue_events.auth,
+        kubernetes.as_ref(),
+        &metrics,
+        &mut tasks,
+    )? {
+        Some(subscribers) if !config.auth.disabled => auth.with_subscribers(subscribers),
+        _ => auth,
+    };
     let queues = config.distinct_queues();
     let cache = Arc::new(BacklogCache::new(Snapshot::empty(&queues)));
     let readiness = Readiness::default();
@@ -286,6 +297,14 @@ pub async fn start_with(
         pre_warm: Some(pre_warm),
     };
     tasks.spawn(refresh.run(tasks.shutdown.clone()));
+    let queue_events = QueueEvents::new(
+        cache.clone(),
+        config.queue_events.max_subscribers,
+        metrics.queue_events.clone(),
+        config.refresh_interval,
+        config.staleness_limit,
+        tasks.shutdown.clone(),
+    );
     let state = AppState::new(
         config.workers.clone(),
         cache.clone(),
@@ -294,7 +313,8 @@ pub async fn start_with(
         metrics.clone(),
         readiness.clone(),
         history,
-    );
+    )
+    .with_queue_events(queue_events);
     let addr = serve_http(listener, state, &mut tasks)?;
     Ok(Running {
         addr,
@@ -370,40 +390,86 @@ fn authenticator(
     }
     let static_tokens = match &auth.static_tokens_file {
         None => None,
-        Some(path) => {
-            let tokens = StaticTokens::load(path).map_err(|e| {
-                ConfigError::new(format!(
-                    "auth.staticTokensFile: cannot read {}: {e}",
-                    path.display()
-                ))
-            })?;
-            if tokens.is_empty() {
-                tracing::warn!(path = %path.display(), "the static tokens file holds no token");
-            }
-            let tokens = Arc::new(tokens);
-            tasks.spawn(tokens.clone().watch(tasks.shutdown.clone()));
-            Some(tokens)
-        }
+        Some(path) => Some(static_tokens(path, "auth.staticTokensFile", tasks)?),
     };
-    let token_review = match (&auth.token_review, kubernetes) {
-        (Some(tr), Some(access)) => Some(TokenReviewer::new(
-            review_client(access).map_err(ConfigError::new)?,
-            &tr.allowed_usernames,
-            &tr.audiences,
-            tr.cache_ttl,
-            ReviewCounters {
-                outcomes: metrics.token_reviews.clone(),
-                skipped: metrics.token_reviews_skipped.clone(),
-            },
-        )),
-        (Some(_), None) => {
-            return Err(StartError::Config(ConfigError::new(
-                "--kubernetes-api-url: auth.tokenReview needs access to the Kubernetes API",
-            )))
-        }
-        (None, _) => None,
+    let token_review = match &auth.token_review {
+        None => None,
+        Some(tr) => Some(token_reviewer(tr, "auth.tokenReview", kubernetes, metrics)?),
     };
     Ok(Authenticator::new(static_tokens, token_review))
+}
+
+/// Who may open the queue-event stream besides the readers (`queueEvents.auth`), if anyone.
+fn subscribers(
+    auth: &SubscriberAuthConfig,
+    kubernetes: Option<&KubernetesAccess>,
+    metrics: &Metrics,
+    tasks: &mut Tasks,
+) -> Result<Option<Subscribers>, StartError> {
+    if auth.static_tokens_file.is_none() && auth.token_review.is_none() {
+        return Ok(None);
+    }
+    let static_tokens = match &auth.static_tokens_file {
+        None => None,
+        Some(path) => Some(static_tokens(
+            path,
+            "queueEvents.auth.staticTokensFile",
+            tasks,
+        )?),
+    };
+    let token_review = match &auth.token_review {
+        None => None,
+        Some(tr) => Some(token_reviewer(
+            tr,
+            "queueEvents.auth.tokenReview",
+            kubernetes,
+            metrics,
+        )?),
+    };
+    Ok(Some(Subscribers {
+        static_tokens,
+        token_review,
+    }))
+}
+
+/// The tokens in `path` (`key` in the file), kept up to date as the file changes.
+fn static_tokens(
+    path: &std::path::Path,
+    key: &str,
+    tasks: &mut Tasks,
+) -> Result<Arc<StaticTokens>, StartError> {
+    let tokens = StaticTokens::load(path)
+        .map_err(|e| ConfigError::new(format!("{key}: cannot read {}: {e}", path.display())))?;
+    if tokens.is_empty() {
+        tracing::warn!(path = %path.display(), "the static tokens file holds no token");
+    }
+    let tokens = Arc::new(tokens);
+    tasks.spawn(tokens.clone().watch(tasks.shutdown.clone()));
+    Ok(tokens)
+}
+
+/// A TokenReview client for the `key` section.
+fn token_reviewer(
+    tr: &TokenReviewConfig,
+    key: &str,
+    kubernetes: Option<&KubernetesAccess>,
+    metrics: &Metrics,
+) -> Result<TokenReviewer, StartError> {
+    let access = kubernetes.ok_or_else(|| {
+        ConfigError::new(format!(
+            "--kubernetes-api-url: {key} needs access to the Kubernetes API"
+        ))
+    })?;
+    Ok(TokenReviewer::new(
+        review_client(access).map_err(ConfigError::new)?,
+        &tr.allowed_usernames,
+        &tr.audiences,
+        tr.cache_ttl,
+        ReviewCounters {
+            outcomes: metrics.token_reviews.clone(),
+            skipped: metrics.token_reviews_skipped.clone(),
+        },
+    ))
 }
 
 /// The scaling history, loaded from `history.path` and kept saved there when it is set, with

@@ -44,6 +44,8 @@ pub struct State {
     pub malformed_fetches: u32,
     pub fail_states: u32,
     pub heartbeat_answer_state: Option<String>,
+    /// The queues heartbeats answer with, as when an admin changes a worker's queues.
+    pub heartbeat_answer_queues: Option<Vec<String>>,
     /// Answer the next heartbeats 404, as for a worker an admin deleted.
     pub forget_worker: u32,
     /// The api-server is down: every request gets 503 (what a load balancer in front of it
@@ -203,9 +205,13 @@ impl Shared {
                     let state = body["state"].as_str().unwrap_or("?").to_string();
                     s.heartbeats.push(state.clone());
                     let answer = s.heartbeat_answer_state.clone().unwrap_or(state);
+                    let queues = match &s.heartbeat_answer_queues {
+                        Some(queues) => json!(queues),
+                        None => body["queues"].clone(),
+                    };
                     reply(
                         StatusCode::OK,
-                        json!({"state": answer, "queues": body["queues"], "maintenance_comments": null,
+                        json!({"state": answer, "queues": queues, "maintenance_comments": null,
                                "concurrency": null, "versions_match": true}),
                     )
                 }

@@ -133,7 +133,8 @@ def test_keda_defaults_from_the_seed(chart):
 
 def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
     values, _ = effective("keda-static")
-    r = chart.render(scenario("keda-static"))
+    # Without the agents' subscriptions, whose tokens the Sentinel reviews (see test_wake.py).
+    r = chart.render(scenario("keda-static"), sets=("workerDefaults.wake.enabled=false",))
     ta = r.get("TriggerAuthentication", "astro-keda-sentinel")
     (target,) = ta["spec"]["secretTargetRef"]
     secret = r.get("Secret", target["name"])
@@ -165,7 +166,8 @@ def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
 
 def test_sentinel_without_kubernetes_access_has_no_api_token(chart):
     values, _ = effective("keda-static")
-    r = chart.render(scenario("keda-static"), sets=("sentinel.kubernetes.enabled=false",))
+    r = chart.render(scenario("keda-static"), sets=("sentinel.kubernetes.enabled=false",
+                                                    "workerDefaults.wake.enabled=false"))
     assert r.get("Deployment", "astro-sentinel")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert not r.all("Role") and not r.all("RoleBinding") and not r.all("ClusterRole")
     assert "kubernetes" not in sentinel_config(r, values)

@@ -24,7 +24,7 @@ from conftest import (
 
 # The Sentinel rejects unknown keys in its config: the chart must render only these.
 SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers", "kubernetes", "history",
-                        "schedule"}
+                        "schedule", "queueEvents"}
 SENTINEL_WORKER_KEYS = {"name", "queues", "syncSlots", "minReplicas", "maxReplicas", "preWarm"}
 
 
@@ -47,7 +47,9 @@ def test_sentinel_worker_list_matches_the_keda_workers(chart, name):
     assert config["workers"] == expected
     for entry in config["workers"]:
         assert set(entry) == SENTINEL_WORKER_KEYS
-    assert config["refreshInterval"] == values["sentinel"]["refreshInterval"]
+    # Empty: half a second with postgres (one query for every queue), two with the REST API.
+    default_refresh = "500ms" if values["sentinel"]["source"]["type"] == "postgres" else "2s"
+    assert config["refreshInterval"] == (values["sentinel"]["refreshInterval"] or default_refresh)
     assert config["stalenessLimit"] == values["sentinel"]["stalenessLimit"]
     assert config["schedule"] == {"readInterval": values["sentinel"]["schedule"]["readInterval"]}
 
@@ -155,7 +157,9 @@ def test_sentinel_network_policy_admits_keda_and_scrapers_only(chart, name):
     assert np["spec"]["policyTypes"] == ["Ingress"]
     rules = np["spec"]["ingress"]
     assert rules[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": values["keda"]["namespace"]}}}]
-    assert [rule["from"] for rule in rules[1:]] == ([values["sentinel"]["networkPolicy"]["metricsFrom"]]
+    # The worker Pods, whose agents subscribe to the queue events (on by default).
+    assert rules[1]["from"] == [{"podSelector": {"matchLabels": {"app": "astro-agent", "component": "worker"}}}]
+    assert [rule["from"] for rule in rules[2:]] == ([values["sentinel"]["networkPolicy"]["metricsFrom"]]
                                                    if values["sentinel"]["networkPolicy"]["metricsFrom"] else [])
     for rule in rules:
         assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]

@@ -70,3 +70,65 @@ def test_keda_bound_token_is_accepted_and_other_identities_are_not(cluster, node
              "the pool back at 0 after the cooldown")
     cluster.core.delete_namespaced_service_account("intruder", NAMESPACE)
     release.uninstall()
+
+
+WAKE_NAMESPACE = "astro-wake"
+WAKE_DEPLOYMENT = "astro-worker-wake"
+WAKE_SENTINEL = f"http://astro-sentinel.{WAKE_NAMESPACE}.svc:39092"
+QUEUE_EVENTS_AUDIENCE = "astro-sentinel-queue-events"  # the chart's sentinel.queueEvents.audience
+
+
+def _get(path: str, token: str, **kwargs) -> requests.Response:
+    return requests.get(f"{WAKE_SENTINEL}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=5, **kwargs)
+
+
+def _agent_metric(name: str) -> float | None:
+    """A sample of the worker Pod's agent's /metrics, through the worker's Service."""
+    try:
+        text = requests.get(f"http://{WAKE_DEPLOYMENT}.{WAKE_NAMESPACE}.svc:39091/metrics", timeout=5).text
+    except requests.RequestException:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_a_worker_pods_token_opens_the_queue_events_only(cluster, nodes, keda, airflow, release_factory):
+    """Each worker Pod's agent subscribes to the Sentinel with the token the kubelet projects for
+    the queue-event audience (its subscription gauge says so); a token of the workers' account
+    for that audience opens the stream and is refused on the backlogs; KEDA's token keeps every
+    endpoint it had, and its ScaledObject is READY."""
+    release = release_factory("wake", WAKE_NAMESPACE)
+    values = chart_values(airflow)
+    values["workers"] = [{
+        "name": "wake", "queues": ["cluster-subscribe"], "syncSlots": 2,
+        "keda": {"enabled": True, "minReplicaCount": 1, "maxReplicaCount": 1, "pollingInterval": 2},
+    }]
+    release.install(values)
+    wait_for(lambda: (cluster.deployment(WAKE_NAMESPACE, "astro-sentinel").status.ready_replicas or 0) == 1, 90,
+             "the Sentinel Ready")
+    wait_for(lambda: (cluster.deployment(WAKE_NAMESPACE, WAKE_DEPLOYMENT).status.ready_replicas or 0) == 1, 120,
+             "the worker Pod Ready")
+    # The agent in the Pod holds its subscription with the projected token.
+    wait_for(lambda: _agent_metric("astro_agent_sentinel_subscribed") == 1, 60,
+             "the worker Pod's agent subscribed to the Sentinel")
+
+    worker_token = _token(cluster, WAKE_NAMESPACE, "default", QUEUE_EVENTS_AUDIENCE)
+    with _get("/v1/queues/events?queue=cluster-subscribe", worker_token, stream=True) as stream:
+        assert stream.status_code == 200, stream.text
+        first = next(stream.iter_lines(decode_unicode=True))
+        assert first == "event: subscribed", first
+    # KEDA has a static token here, so the readers' rules know no service account at all: 401.
+    for path in (f"/v1/workers/{WAKE_DEPLOYMENT}", "/v1/workers", f"/v1/workers/{WAKE_DEPLOYMENT}/history"):
+        assert _get(path, worker_token).status_code == 401, path
+    # The workers' account with another audience (the API server's own) is nobody here.
+    assert _get("/v1/queues/events?queue=cluster-subscribe",
+                _token(cluster, WAKE_NAMESPACE, "default", None)).status_code == 401
+
+    keda_token = cluster.secret_value(WAKE_NAMESPACE, "astro-keda-sentinel-token", "token")
+    for path in (f"/v1/workers/{WAKE_DEPLOYMENT}", "/v1/workers", f"/v1/workers/{WAKE_DEPLOYMENT}/history"):
+        assert _get(path, keda_token).status_code == 200, path
+    wait_for(lambda: condition(cluster.scaled_object(WAKE_NAMESPACE, WAKE_DEPLOYMENT), "Ready") == "True", 120,
+             "ScaledObject READY True with KEDA's token")
+    release.uninstall()

@@ -268,6 +268,8 @@ def start_sentinel(sc: Scenario, stack: AirflowStack) -> None:
     # The chart's Sentinel also watches worker pods; that side is the cluster stage's, and this
     # stage has no API server to watch.
     config.pop("kubernetes", None)
+    # Likewise the worker Pods' tokens for the queue events, which only an API server can review.
+    config.get("queueEvents", {}).pop("auth", None)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASTRO_SENTINEL_", "KEDA_"))}
     env.update(RUST_LOG="info", ASTRO_SENTINEL_AIRFLOW_USERNAME=USERNAME, ASTRO_SENTINEL_AIRFLOW_PASSWORD=PASSWORD)
     sc.port = free_port()

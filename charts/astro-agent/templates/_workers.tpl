@@ -164,9 +164,23 @@ Every refusal names the key and the fix.
 {{- else -}}
 {{- $_ := set $w "mode" "fixed" -}}
 {{- end -}}
+{{- /* The Sentinel's queue-event stream wakes idle agents of the KEDA workers, whose queues it
+       reads (the others' queues it does not know). */ -}}
+{{- $_ := set $w "wakeOn" (and (eq $w.mode "keda") $w.wake.enabled) -}}
+{{- $_ := set $w "serviceAccountUser" (printf "system:serviceaccount:%s:%s" $root.Release.Namespace (default "default" $w.serviceAccountName)) -}}
 {{- $out = append $out $w -}}
 {{- end -}}
 {{- toJson (dict "workers" $out) -}}
+{{- end -}}
+
+{{/* The service-account usernames of the workers whose agents subscribe to the Sentinel, as
+JSON {"users": [...]}: the Sentinel's allow-list for the queue-event stream. */}}
+{{- define "astro-agent.wakeUsers" -}}
+{{- $users := list -}}
+{{- range $w := (include "astro-agent.workers" . | fromJson).workers -}}
+{{- if $w.wakeOn -}}{{- $users = append $users $w.serviceAccountUser -}}{{- end -}}
+{{- end -}}
+{{- toJson (dict "users" (uniq $users)) -}}
 {{- end -}}
 
 {{/* The KEDA-enabled workers, as JSON {"workers": [...]}. */}}

@@ -6,6 +6,7 @@
 //! a typo in a key can name the worker it sits in. Durations are humantime's (`2s`, `1m30s`).
 
 use super::pre_warm::{self, PreWarmConfig, RawPreWarm, RawSchedule, ScheduleConfig};
+use super::queue_events::{validate_queue_events, QueueEventsConfig, RawQueueEvents};
 use super::ConfigError;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -30,6 +31,8 @@ pub struct Config {
     pub history: HistoryConfig,
     /// Pre-warm from Airflow's schedule: the reader's cadence and each worker's settings.
     pub schedule: ScheduleConfig,
+    /// The agents' wake-up stream (`GET /v1/queues/events`).
+    pub queue_events: QueueEventsConfig,
 }
 
 /// Where the scaling history is kept across restarts; `None`: in memory only.
@@ -163,6 +166,7 @@ struct RawConfig {
     #[serde(default)]
     history: Option<RawHistory>,
     schedule: Option<RawSchedule>,
+    queue_events: Option<RawQueueEvents>,
 }
 
 #[derive(Deserialize, Default)]
@@ -219,7 +223,7 @@ struct RawAuth {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct RawTokenReview {
+pub(super) struct RawTokenReview {
     #[serde(default)]
     allowed_usernames: Vec<String>,
     #[serde(default)]
@@ -293,6 +297,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         read_interval: pre_warm::read_interval(raw.schedule)?,
         ..ScheduleConfig::default()
     };
+    let queue_events = validate_queue_events(raw.queue_events.unwrap_or_default())?;
 
     let mut workers = Vec::new();
     let mut first_index: HashMap<String, usize> = HashMap::new();
@@ -320,6 +325,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         history,
         kubernetes,
         schedule,
+        queue_events,
     })
 }
 
@@ -414,43 +420,10 @@ fn postgres_options(raw: RawPostgres) -> Result<PostgresOptions, ConfigError> {
 }
 
 fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
-    let token_review = match raw.token_review {
-        None => None,
-        Some(tr) => {
-            if tr.allowed_usernames.is_empty() {
-                return Err(ConfigError::new(
-                    "auth.tokenReview.allowedUsernames: must list at least one username",
-                ));
-            }
-            if let Some(bad) = tr.allowed_usernames.iter().find(|u| u.trim().is_empty()) {
-                return Err(ConfigError::new(format!(
-                    "auth.tokenReview.allowedUsernames: empty username {bad:?}"
-                )));
-            }
-            if let Some(bad) = tr
-                .audiences
-                .iter()
-                .find(|a| a.is_empty() || a.trim() != a.as_str())
-            {
-                return Err(ConfigError::new(format!(
-                    "auth.tokenReview.audiences: {bad:?} is empty or has surrounding whitespace"
-                )));
-            }
-            let cache_ttl = tr.cache_ttl.unwrap_or(DEFAULT_TOKEN_REVIEW_CACHE_TTL);
-            if cache_ttl.is_zero() || cache_ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
-                return Err(ConfigError::new(format!(
-                    "auth.tokenReview.cacheTtl: must be between 1s and {}, got {}",
-                    humantime::format_duration(MAX_TOKEN_REVIEW_CACHE_TTL),
-                    humantime::format_duration(cache_ttl)
-                )));
-            }
-            Some(TokenReviewConfig {
-                allowed_usernames: tr.allowed_usernames,
-                audiences: tr.audiences,
-                cache_ttl,
-            })
-        }
-    };
+    let token_review = raw
+        .token_review
+        .map(|tr| validate_token_review(tr, "auth.tokenReview"))
+        .transpose()?;
     if !raw.disabled && raw.static_tokens_file.is_none() && token_review.is_none() {
         return Err(ConfigError::new(
             "auth: no method configured: set auth.staticTokensFile and/or auth.tokenReview, \
@@ -461,6 +434,45 @@ fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
         disabled: raw.disabled,
         static_tokens_file: raw.static_tokens_file,
         token_review,
+    })
+}
+
+/// Checks a `tokenReview` section; `key` is where it sits, for the messages.
+pub(super) fn validate_token_review(
+    tr: RawTokenReview,
+    key: &str,
+) -> Result<TokenReviewConfig, ConfigError> {
+    if tr.allowed_usernames.is_empty() {
+        return Err(ConfigError::new(format!(
+            "{key}.allowedUsernames: must list at least one username"
+        )));
+    }
+    if let Some(bad) = tr.allowed_usernames.iter().find(|u| u.trim().is_empty()) {
+        return Err(ConfigError::new(format!(
+            "{key}.allowedUsernames: empty username {bad:?}"
+        )));
+    }
+    if let Some(bad) = tr
+        .audiences
+        .iter()
+        .find(|a| a.is_empty() || a.trim() != a.as_str())
+    {
+        return Err(ConfigError::new(format!(
+            "{key}.audiences: {bad:?} is empty or has surrounding whitespace"
+        )));
+    }
+    let cache_ttl = tr.cache_ttl.unwrap_or(DEFAULT_TOKEN_REVIEW_CACHE_TTL);
+    if cache_ttl.is_zero() || cache_ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
+        return Err(ConfigError::new(format!(
+            "{key}.cacheTtl: must be between 1s and {}, got {}",
+            humantime::format_duration(MAX_TOKEN_REVIEW_CACHE_TTL),
+            humantime::format_duration(cache_ttl)
+        )));
+    }
+    Ok(TokenReviewConfig {
+        allowed_usernames: tr.allowed_usernames,
+        audiences: tr.audiences,
+        cache_ttl,
     })
 }
 

@@ -200,7 +200,9 @@ impl Settings {
             ))
         })?;
         let source = source_settings(&config.source, flags)?;
-        let reviews_tokens = config.auth.token_review.is_some() && !config.auth.disabled;
+        let reviews_tokens = (config.auth.token_review.is_some()
+            || config.queue_events.auth.token_review.is_some())
+            && !config.auth.disabled;
         let kubernetes = if reviews_tokens || config.kubernetes.is_some() {
             Some(kubernetes_access(flags, env)?)
         } else {

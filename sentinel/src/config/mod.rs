@@ -1,5 +1,5 @@
 //! What the Sentinel runs with, in two layers: the configuration [`file`](mod@file) (YAML:
-//! workers, source, auth, intervals, the pool view, the history, [`pre_warm`]) and the command-line
+//! workers, source, auth, intervals, the pool view, the history, [`pre_warm`], the agents' queue events) and the command-line
 //! [`flags`] (each also an `ASTRO_SENTINEL_<FLAG>` variable: addresses, secrets, access to the
 //! Kubernetes API), which [`flags::Settings`] combines with the file. Secrets are never in the
 //! file.
@@ -7,6 +7,7 @@
 pub mod file;
 pub mod flags;
 pub mod pre_warm;
+pub mod queue_events;
 
 /// A configuration problem, described in one line that names the worker and/or field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -4,6 +4,7 @@
 //! per-queue gauges are computed from the cache when `/metrics` is scraped, so ages are exact
 //! and a worker without fresh data has no backlog series at all (absent, not 0).
 
+pub mod queue_events;
 pub mod replicas;
 
 use crate::backlog::cache::Snapshot;
@@ -16,6 +17,7 @@ use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
+use queue_events::QueueEventMetrics;
 use replicas::ReplicaGauges;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +33,7 @@ pub struct Metrics {
     pub token_reviews_skipped: IntCounterVec,
     pub pod_deletion_cost_patches: IntCounterVec,
     pub cold_starts: ColdStartHistograms,
+    pub queue_events: QueueEventMetrics,
     ready: IntGauge,
     queue_task_instances: IntGaugeVec,
     queue_task_slots: IntGaugeVec,
@@ -194,6 +197,7 @@ impl Metrics {
             ),
             worker_replicas: ReplicaGauges::register(&r),
             cold_starts: ColdStartHistograms::register(&r),
+            queue_events: QueueEventMetrics::register(&r),
             registry: r,
             scrape: Mutex::new(()),
         }

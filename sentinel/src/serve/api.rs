@@ -12,7 +12,8 @@ use crate::config::file::WorkerConfig;
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
-use crate::serve::auth::{Authenticator, Decision};
+use crate::serve::auth::{Authenticator, Decision, Scope};
+use crate::serve::queue_events::QueueEvents;
 use crate::serve::response::{error, json, respond, text, Body};
 use crate::serve::routes::{Route, V1Route};
 use crate::serve::ui;
@@ -35,6 +36,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub history: Arc<History>,
+    /// The agents' wake-up stream; without it `/v1/queues/events` is a 404.
+    pub queue_events: Option<QueueEvents>,
 }
 
 impl AppState {
@@ -61,7 +64,14 @@ impl AppState {
             metrics,
             readiness,
             history,
+            queue_events: None,
         }
+    }
+
+    /// Serves the agents' wake-up stream as well.
+    pub fn with_queue_events(mut self, queue_events: QueueEvents) -> Self {
+        self.queue_events = Some(queue_events);
+        self
     }
 
     pub fn workers(&self) -> &[WorkerConfig] {
@@ -136,11 +146,19 @@ async fn route<B: hyper::body::Body>(
         }
         Route::V1(v1) => {
             let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-            match state.auth.check(authorization).await {
+            let scope = match v1 {
+                V1Route::QueueEvents => Scope::Subscribe,
+                _ => Scope::Read,
+            };
+            match state.auth.check(authorization, scope).await {
                 Decision::Allow => match v1 {
                     V1Route::Workers => list(state),
                     V1Route::Worker(name) => one(state, name),
                     V1Route::History(name) => history(state, name, req.uri().query()),
+                    V1Route::QueueEvents => match &state.queue_events {
+                        Some(events) => events.subscribe(req.uri().query()),
+                        None => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
+                    },
                 },
                 Decision::Unauthorized(message) => unauthorized(message),
                 Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),

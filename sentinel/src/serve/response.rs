@@ -1,12 +1,20 @@
 //! The API's answers: JSON, JSON errors and plain text, never cached (the page's files, in
-//! [`ui`](super::ui), are revalidated instead). [`Body`] is every answer's body, the page's too.
+//! [`ui`](super::ui), are revalidated instead). [`Body`] is every answer's body, the page's and
+//! the queue-event streams' too.
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 
-pub type Body = Full<Bytes>;
+/// Boxed, so that a whole answer and an endless event stream share one type.
+pub type Body = UnsyncBoxBody<Bytes, std::convert::Infallible>;
+
+/// A whole answer's body.
+pub fn whole(bytes: Bytes) -> Body {
+    Full::new(bytes).boxed_unsync()
+}
 
 const JSON: &str = "application/json";
 
@@ -30,7 +38,7 @@ pub fn text(status: StatusCode, body: &'static str) -> Response<Body> {
 
 /// No answer is cached: each one is the state of the moment.
 pub fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
-    let mut r = Response::new(Full::new(body));
+    let mut r = Response::new(whole(body));
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));

@@ -5,6 +5,7 @@
 //! | `GET /v1/workers/{n}` | yes  | 200 backlog JSON; 404 unknown; 503 stale / not loaded yet  |
 //! | `GET /v1/workers`     | yes  | 200 `{"workers": [...]}`, each with `available`            |
 //! | `GET /v1/workers/{n}/history?range=` | yes | 200 scaling history; 400 bad `range`; 404  |
+//! | `GET /v1/queues/events?queue=` | agents too | the wake-up stream ([`crate::serve::queue_events`]) |
 //! | `GET /metrics`        | no   | Prometheus text format                                     |
 //! | `GET /healthz`        | no   | 200 while the process serves                               |
 //! | `GET /readyz`         | no   | 200 after the first successful refresh, else 503           |
@@ -33,6 +34,8 @@ pub enum V1Route<'a> {
     Worker(&'a str),
     /// `/v1/workers/{name}/history`
     History(&'a str),
+    /// `/v1/queues/events`: the only route an agent's token opens.
+    QueueEvents,
 }
 
 const WORKERS: &str = "/v1/workers";
@@ -46,6 +49,7 @@ impl<'a> Route<'a> {
             "/readyz" => Route::Readyz,
             "/metrics" => Route::Metrics,
             WORKERS => Route::V1(V1Route::Workers),
+            "/v1/queues/events" => Route::V1(V1Route::QueueEvents),
             "/ui" => Route::Ui,
             _ if path.starts_with("/ui/") => Route::Ui,
             _ => match path.strip_prefix(WORKER_PREFIX) {
@@ -68,6 +72,7 @@ impl<'a> Route<'a> {
             Route::V1(V1Route::Workers) => "workers",
             Route::V1(V1Route::Worker(_)) => "worker",
             Route::V1(V1Route::History(_)) => "history",
+            Route::V1(V1Route::QueueEvents) => "queue_events",
             Route::Ui => "ui",
             Route::Other => "other",
         }
@@ -85,6 +90,8 @@ mod tests {
             ("/readyz", Route::Readyz),
             ("/metrics", Route::Metrics),
             ("/v1/workers", Route::V1(V1Route::Workers)),
+            ("/v1/queues/events", Route::V1(V1Route::QueueEvents)),
+            ("/v1/queues", Route::Other),
             ("/v1/workers/", Route::V1(V1Route::Worker(""))),
             ("/v1/workers/a", Route::V1(V1Route::Worker("a"))),
             ("/v1/workers/history", Route::V1(V1Route::Worker("history"))),

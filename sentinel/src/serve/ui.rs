@@ -18,9 +18,8 @@
 //! with the previous version's script. The Content-Security-Policy allows nothing but this
 //! origin's own script, style sheet and API.
 
-use crate::serve::response::Body;
+use crate::serve::response::{whole, Body};
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::header::{
     HeaderValue, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG, LOCATION,
     REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
@@ -63,7 +62,7 @@ const ASSETS: [Asset; 3] = [
 /// `if_none_match` is the request's `If-None-Match` header.
 pub fn answer(path: &str, if_none_match: Option<&[u8]>) -> Option<Response<Body>> {
     if path == "/ui" {
-        let mut r = Response::new(Full::new(Bytes::new()));
+        let mut r = Response::new(whole(Bytes::new()));
         *r.status_mut() = StatusCode::PERMANENT_REDIRECT;
         r.headers_mut()
             .insert(LOCATION, HeaderValue::from_static("/ui/"));
@@ -74,11 +73,11 @@ pub fn answer(path: &str, if_none_match: Option<&[u8]>) -> Option<Response<Body>
     let etag = &etags()[i];
     let unchanged = if_none_match.is_some_and(|v| matches_etag(v, etag.as_bytes()));
     let mut r = if unchanged {
-        let mut r = Response::new(Full::new(Bytes::new()));
+        let mut r = Response::new(whole(Bytes::new()));
         *r.status_mut() = StatusCode::NOT_MODIFIED;
         r
     } else {
-        let mut r = Response::new(Full::new(Bytes::from_static(asset.body)));
+        let mut r = Response::new(whole(Bytes::from_static(asset.body)));
         r.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
         r

@@ -1,6 +1,11 @@
 //! Who may read `/v1/*`: static bearer tokens, Kubernetes TokenReview, or nobody checks at
 //! all — but only when the configuration says `auth.disabled: true`.
 //!
+//! Two kinds of callers: the readers of backlogs (`auth`: KEDA, the page) may use every `/v1`
+//! endpoint; the agents (`queueEvents.auth`: each worker Pod's projected token) only open the
+//! queue-event stream ([`Scope::Subscribe`]). An agent's identity is never looked at for any
+//! other endpoint, so its token gets what any unlisted identity gets there: 403 (or 401).
+//!
 //! A presented token is first compared with the static tokens (cheap, local); if it is not one
 //! of them and TokenReview is configured, the API server decides. Tokens are never logged, and
 //! a 401 never says why the token was refused (the reason goes to the debug log).
@@ -32,10 +37,26 @@ pub enum Decision {
     },
 }
 
+/// What a request asks to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Read backlogs and history: the `auth` identities only.
+    Read,
+    /// Open the queue-event stream: the agents' identities, and the readers'.
+    Subscribe,
+}
+
+/// Who may open the queue-event stream besides the readers.
+pub struct Subscribers {
+    pub static_tokens: Option<Arc<StaticTokens>>,
+    pub token_review: Option<TokenReviewer>,
+}
+
 pub struct Authenticator {
     disabled: bool,
     static_tokens: Option<Arc<StaticTokens>>,
     token_review: Option<TokenReviewer>,
+    subscribers: Option<Subscribers>,
 }
 
 impl Authenticator {
@@ -44,6 +65,7 @@ impl Authenticator {
             disabled: true,
             static_tokens: None,
             token_review: None,
+            subscribers: None,
         }
     }
 
@@ -55,11 +77,18 @@ impl Authenticator {
             disabled: false,
             static_tokens,
             token_review,
+            subscribers: None,
         }
     }
 
-    /// Checks the value of the request's `Authorization` header.
-    pub async fn check(&self, authorization: Option<&[u8]>) -> Decision {
+    /// Lets `subscribers` open the queue-event stream as well.
+    pub fn with_subscribers(mut self, subscribers: Subscribers) -> Self {
+        self.subscribers = Some(subscribers);
+        self
+    }
+
+    /// Checks the value of the request's `Authorization` header for `scope`.
+    pub async fn check(&self, authorization: Option<&[u8]>, scope: Scope) -> Decision {
         if self.disabled {
             return Decision::Allow;
         }
@@ -68,6 +97,18 @@ impl Authenticator {
                 "missing bearer token (Authorization: Bearer <token>)".into(),
             );
         };
+        if scope == Scope::Subscribe {
+            if let Some(subscribers) = &self.subscribers {
+                if let Some(decision) = subscribers.allows(token).await {
+                    return decision;
+                }
+            }
+        }
+        self.check_reader(token).await
+    }
+
+    /// Whether `token` is one of the readers'.
+    async fn check_reader(&self, token: &str) -> Decision {
         if let Some(tokens) = &self.static_tokens {
             if tokens.contains(token) {
                 return Decision::Allow;
@@ -106,6 +147,35 @@ impl Authenticator {
     }
 }
 
+impl Subscribers {
+    /// `Some(Allow)` for an agent's token; `Some(Unavailable)` when the review could not be
+    /// done; `None` when the token is not an agent's, so that the readers' rules decide.
+    async fn allows(&self, token: &str) -> Option<Decision> {
+        if self
+            .static_tokens
+            .as_ref()
+            .is_some_and(|t| t.contains(token))
+        {
+            return Some(Decision::Allow);
+        }
+        match self.token_review.as_ref()?.review(token).await {
+            Ok(Verdict::Allowed { .. }) => Some(Decision::Allow),
+            Ok(Verdict::NotAllowed { .. } | Verdict::Invalid { .. }) => None,
+            Err(ReviewError::Busy { retry_after }) => Some(Decision::Unavailable {
+                message: "too many unknown tokens to verify right now; retry later".into(),
+                retry_after: Some(retry_after),
+            }),
+            Err(ReviewError::Failed(error)) => {
+                tracing::warn!(%error, "cannot verify an agent's bearer token");
+                Some(Decision::Unavailable {
+                    message: "cannot verify the bearer token right now".into(),
+                    retry_after: None,
+                })
+            }
+        }
+    }
+}
+
 /// The token of an `Authorization: Bearer <token>` header value (scheme case-insensitive).
 fn bearer_token(value: &[u8]) -> Option<&str> {
     let value = std::str::from_utf8(value).ok()?.trim();
@@ -133,12 +203,45 @@ mod tests {
 
     #[tokio::test]
     async fn disabled_allows_everything_and_enabled_needs_a_token() {
-        assert_eq!(Authenticator::disabled().check(None).await, Decision::Allow);
-        let a = Authenticator::new(None, None);
-        assert!(matches!(a.check(None).await, Decision::Unauthorized(_)));
+        for scope in [Scope::Read, Scope::Subscribe] {
+            assert_eq!(
+                Authenticator::disabled().check(None, scope).await,
+                Decision::Allow
+            );
+            let a = Authenticator::new(None, None);
+            assert!(matches!(
+                a.check(None, scope).await,
+                Decision::Unauthorized(_)
+            ));
+            assert!(matches!(
+                a.check(Some(b"Bearer x"), scope).await,
+                Decision::Unauthorized(_)
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agents_token_opens_the_stream_only_and_a_readers_token_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, token: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("{token}\n")).unwrap();
+            Some(Arc::new(StaticTokens::load(&path).unwrap()))
+        };
+        let a = Authenticator::new(file("readers", "keda"), None).with_subscribers(Subscribers {
+            static_tokens: file("agents", "agent"),
+            token_review: None,
+        });
+        assert_eq!(
+            a.check(Some(b"Bearer agent"), Scope::Subscribe).await,
+            Decision::Allow
+        );
         assert!(matches!(
-            a.check(Some(b"Bearer x")).await,
+            a.check(Some(b"Bearer agent"), Scope::Read).await,
             Decision::Unauthorized(_)
         ));
+        for scope in [Scope::Read, Scope::Subscribe] {
+            assert_eq!(a.check(Some(b"Bearer keda"), scope).await, Decision::Allow);
+        }
     }
 }
