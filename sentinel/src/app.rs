@@ -280,11 +280,11 @@ pub async fn start_with(
         kubernetes.as_ref(),
         &source,
         &metrics,
-        cold_starts,
+        cold_starts.clone(),
         &mut tasks,
     )?;
     metrics.follow_cluster(pool.clone());
-    let (schedule, pre_warm) = pre_warm(&config, pool.clone(), &history);
+    let (schedule, pre_warm) = pre_warm(&config, pool.clone(), &history, cold_starts.clone());
     let refresh = RefreshLoop {
         source: source.clone(),
         queues,
@@ -334,6 +334,7 @@ fn pre_warm(
     config: &Config,
     cluster: Arc<dyn ClusterSource>,
     history: &History,
+    cold_starts: Arc<ColdStarts>,
 ) -> (ScheduleInputs, Arc<PreWarm>) {
     let windows = Windows::new(
         config
@@ -344,6 +345,7 @@ fn pre_warm(
                 config: config.schedule.for_worker(&w.name),
             })
             .collect(),
+        Box::new(move |pool| cold_starts.typical_cold_start(pool)),
     );
     let (plan, plan_rx) = watch::channel(None);
     let inputs = ScheduleInputs {

@@ -73,10 +73,9 @@ impl PreWarmPool {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    fn lead(&self) -> Duration {
-        // The measured cold start of this pool is not wired in yet: the configured lead or the
-        // default one.
-        pre_warm_lead(self.config.lead, None)
+    /// The configured lead, else `measured` (this pool's typical cold start) plus a margin.
+    fn lead(&self, measured: Option<Duration>) -> Duration {
+        pre_warm_lead(self.config.lead, measured)
     }
 }
 
@@ -87,18 +86,24 @@ struct Open {
     idle_worker_seconds: f64,
 }
 
+/// A pool's typical cold start as measured so far (`None` before any), by pool name.
+pub type MeasuredColdStart = Box<dyn Fn(&str) -> Option<Duration> + Send + Sync>;
+
 pub struct Windows {
     pools: Vec<PreWarmPool>,
+    measured_cold_start: MeasuredColdStart,
     open: BTreeMap<Key, Open>,
     ended: HashSet<Key>,
     last_step: Option<SystemTime>,
 }
 
 impl Windows {
-    /// Pre-warms the pools whose `preWarm.enabled` is true.
-    pub fn new(pools: Vec<PreWarmPool>) -> Self {
+    /// Pre-warms the pools whose `preWarm.enabled` is true, each a lead ahead of its runs that
+    /// follows its own measured cold starts unless configured.
+    pub fn new(pools: Vec<PreWarmPool>, measured_cold_start: MeasuredColdStart) -> Self {
         Windows {
             pools: pools.into_iter().filter(|p| p.config.enabled).collect(),
+            measured_cold_start,
             open: BTreeMap::new(),
             ended: HashSet::new(),
             last_step: None,
@@ -132,9 +137,10 @@ impl Windows {
             let name = pool.worker.name.as_str();
             let state = pool_now(name);
             if let Some(plan) = plan {
+                let lead = pool.lead((self.measured_cold_start)(name));
                 for run in plan.for_worker(name) {
                     let key = (name.to_owned(), run.dag.clone(), run.run_after);
-                    let due = now + pool.lead() >= run.run_after;
+                    let due = now + lead >= run.run_after;
                     if !due || self.ended.contains(&key) || self.open.contains_key(&key) {
                         continue;
                     }
@@ -289,6 +295,7 @@ fn rfc3339(t: SystemTime) -> String {
 mod tests {
     use super::*;
     use crate::schedule::demand::Demand;
+    use crate::schedule::lead::{LEAD_MARGIN, UNMEASURED_COLD_START};
     use crate::schedule::plan::UpcomingRun;
     use std::time::UNIX_EPOCH;
 
@@ -340,6 +347,10 @@ mod tests {
         p
     }
 
+    fn unmeasured() -> MeasuredColdStart {
+        Box::new(|_| None)
+    }
+
     fn now(backlog: u64, workers: u32) -> impl Fn(&str) -> PoolNow {
         move |_| PoolNow {
             backlog: Some(backlog),
@@ -349,7 +360,7 @@ mod tests {
 
     #[test]
     fn opens_at_run_after_minus_lead_and_ends_when_work_arrives() {
-        let mut w = Windows::new(vec![pool(10, None)]);
+        let mut w = Windows::new(vec![pool(10, None)], unmeasured());
         let log = PreWarmLog::default();
         let p = plan("etl_daily", at(0), 6);
         assert!(w.step(Some(&p), &now(0, 0), at(-31), &log).is_empty());
@@ -381,14 +392,40 @@ mod tests {
     }
 
     #[test]
+    fn without_a_configured_lead_the_pools_measured_cold_start_sets_it() {
+        let log = PreWarmLog::default();
+        let mut unconfigured = pool(10, None);
+        unconfigured.config.lead = None;
+        let p = plan("d", at(0), 2);
+        // Measured 50 s: the window opens 50 s + the margin ahead.
+        let ahead = -(50 + LEAD_MARGIN.as_secs() as i64);
+        let measured: MeasuredColdStart =
+            Box::new(|pool| (pool == "w").then_some(Duration::from_secs(50)));
+        let mut w = Windows::new(vec![unconfigured.clone()], measured);
+        assert!(w.step(Some(&p), &now(0, 0), at(ahead - 1), &log).is_empty());
+        assert_eq!(w.step(Some(&p), &now(0, 0), at(ahead), &log)["w"].slots, 2);
+        // Nothing measured yet: the unmeasured default, later.
+        let default_ahead = -((UNMEASURED_COLD_START + LEAD_MARGIN).as_secs() as i64);
+        let mut w = Windows::new(vec![unconfigured], unmeasured());
+        assert!(w.step(Some(&p), &now(0, 0), at(ahead), &log).is_empty());
+        assert!(w
+            .step(Some(&p), &now(0, 0), at(default_ahead - 1), &log)
+            .is_empty());
+        assert_eq!(
+            w.step(Some(&p), &now(0, 0), at(default_ahead), &log)["w"].slots,
+            2
+        );
+    }
+
+    #[test]
     fn never_above_max_replicas_nor_max_slots() {
         let log = PreWarmLog::default();
-        let mut w = Windows::new(vec![pool(2, None)]);
+        let mut w = Windows::new(vec![pool(2, None)], unmeasured());
         assert_eq!(
             w.step(Some(&plan("d", at(0), 50)), &now(0, 0), at(-1), &log)["w"].slots,
             4
         );
-        let mut w = Windows::new(vec![pool(10, Some(3))]);
+        let mut w = Windows::new(vec![pool(10, Some(3))], unmeasured());
         assert_eq!(
             w.step(Some(&plan("d", at(0), 50)), &now(0, 0), at(-1), &log)["w"].slots,
             3
@@ -397,7 +434,7 @@ mod tests {
 
     #[test]
     fn a_run_that_never_comes_times_out_and_counts_as_unused() {
-        let mut w = Windows::new(vec![pool(10, None)]);
+        let mut w = Windows::new(vec![pool(10, None)], unmeasured());
         let log = PreWarmLog::default();
         let p = plan("d", at(0), 2);
         w.step(Some(&p), &now(0, 1), at(-30), &log);
@@ -414,7 +451,7 @@ mod tests {
 
     #[test]
     fn a_run_no_longer_planned_before_it_comes_is_dropped() {
-        let mut w = Windows::new(vec![pool(10, None)]);
+        let mut w = Windows::new(vec![pool(10, None)], unmeasured());
         let log = PreWarmLog::default();
         w.step(Some(&plan("d", at(0), 2)), &now(0, 0), at(-20), &log);
         // Paused: the next read lists nothing for it.
@@ -429,7 +466,7 @@ mod tests {
 
     #[test]
     fn without_a_plan_nothing_opens_and_an_unknown_backlog_ends_nothing() {
-        let mut w = Windows::new(vec![pool(10, None)]);
+        let mut w = Windows::new(vec![pool(10, None)], unmeasured());
         let log = PreWarmLog::default();
         assert!(w.step(None, &now(0, 0), at(-1), &log).is_empty());
         w.step(Some(&plan("d", at(0), 2)), &now(0, 0), at(-1), &log);
@@ -441,7 +478,7 @@ mod tests {
     fn a_disabled_pool_is_not_pre_warmed() {
         let mut off = pool(10, None);
         off.config.enabled = false;
-        let mut w = Windows::new(vec![off]);
+        let mut w = Windows::new(vec![off], unmeasured());
         assert!(w.pools().is_empty());
         let log = PreWarmLog::default();
         assert!(w
