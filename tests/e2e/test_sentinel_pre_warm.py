@@ -60,9 +60,20 @@ def test_expected_slots_lead_a_scheduled_run_and_give_way_to_its_tasks(airflow, 
                             "the run created on the unpause")
         airflow.abandon_run(DAG, first["dag_run_id"])
 
+        def abandon_runs_due_by(moment: float) -> None:
+            for run in client.get(f"/api/v2/dags/{DAG}/dagRuns")["dag_runs"]:
+                if run["state"] in ("queued", "running") and epoch(run["run_after"]) <= moment:
+                    airflow.abandon_run(DAG, run["dag_run_id"])
+
         def warm():
             status, body = s.worker(WORKER)
             seen = time.time()
+            if status == 200 and body["backlog"] > 0:
+                # A run that came before this poll caught its window (a slow start on a busy
+                # machine): nothing serves the queue, so its task would stay queued and hold
+                # the backlog above 0 for every later window. Out of the way with it.
+                abandon_runs_due_by(seen)
+                return None
             if (status == 200 and body["expectedSlots"] > 0 and body["backlog"] == 0
                     and seen < epoch(body["expectedFor"][0]["runAfter"])):
                 return body, seen

@@ -87,7 +87,8 @@ def tls_postgres():
     try:
         pg.start()
         pg.enable_tls(crt, key)
-        # Only the columns the Sentinel's queries read.
+        # Only the columns the backlog query reads: the Sentinel's other questions (cold starts,
+        # Edge workers) then fail on their own, never taking the backlog with them.
         for sql in (
             "CREATE TABLE task_instance (queue text, state text, hostname text, pool_slots int, "
             "queued_dttm timestamptz DEFAULT now())",

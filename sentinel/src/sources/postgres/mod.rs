@@ -72,7 +72,9 @@ struct Connection {
     client: Client,
     statement: Statement,
     running_slots: Statement,
-    first_starts: Statement,
+    /// An error when a column it reads cannot be (a role granted only the backlog's columns):
+    /// only the cold starts' last phase is then unknown, never the backlog.
+    first_starts: Result<Statement, String>,
     /// An error when the edge3 provider's table is missing: only that question fails.
     edge_workers: Result<Statement, String>,
 }
@@ -127,7 +129,7 @@ impl PostgresSource {
         };
         let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
         let running_slots = client.prepare(RUNNING_SLOTS_SQL).await.map_err(describe)?;
-        let first_starts = client.prepare(FIRST_STARTS_SQL).await.map_err(describe)?;
+        let first_starts = client.prepare(FIRST_STARTS_SQL).await.map_err(describe);
         let edge_workers = client.prepare(EDGE_WORKERS_SQL).await.map_err(describe);
         tracing::info!("connected to the Airflow metadata database");
         Ok(Connection {
@@ -192,7 +194,10 @@ impl PostgresSource {
             .unwrap_or_default()
             .as_secs_f64();
         let rows = self
-            .query(|c| Ok(&c.first_starts), &[&queues, &hosts, &since])
+            .query(
+                |c| c.first_starts.as_ref().map_err(Clone::clone),
+                &[&queues, &hosts, &since],
+            )
             .await?;
         let mut first = HashMap::new();
         for row in rows {
