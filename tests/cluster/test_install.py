@@ -37,8 +37,11 @@ def _live(client: dynamic.DynamicClient, obj: dict) -> dict | None:
 
 
 def _trigger_target(scaled_object: dict) -> str:
-    (trigger,) = [t for t in scaled_object["spec"]["triggers"] if t["type"] == "metrics-api"]
-    return trigger["metadata"]["targetValue"]
+    """The target of the metrics-api triggers (the backlog's, and pre-warm's beside it), which
+    must agree: both count task slots against syncSlots."""
+    targets = {t["metadata"]["targetValue"] for t in scaled_object["spec"]["triggers"] if t["type"] == "metrics-api"}
+    (target,) = targets
+    return target
 
 
 def test_install_upgrade_uninstall(cluster, nodes, keda, airflow, release_factory):
