@@ -3,6 +3,7 @@
 //! whose idle intervals are far longer than the test; losing the stream fetches at once; a
 //! Sentinel that refuses the token leaves the agent polling as without one.
 
+use std::path::Path;
 use std::time::Duration;
 use test_kit::agent_process::{start_agent, Agent};
 use test_kit::eventually;
@@ -78,6 +79,28 @@ async fn until_metric(agent: &Agent, name: &str, value: f64) {
     .await
 }
 
+/// Starts the agent subscribed to the scripted Sentinel behind `sentinel`: it polls every
+/// `idle` without a subscription and every two minutes with one; `extra` are further flags.
+async fn start_subscribed(
+    fake: &FakeAirflow,
+    dir: &Path,
+    sentinel: &TcpListener,
+    idle: &str,
+    extra: &[&str],
+) -> Agent {
+    let url = format!("http://{}", sentinel.local_addr().unwrap());
+    let mut args = vec![
+        "--sentinel-url",
+        &url,
+        "--idle-fetch-interval",
+        idle,
+        "--subscribed-idle-fetch-interval",
+        "120s",
+    ];
+    args.extend_from_slice(extra);
+    start_agent(fake, dir, &args).await
+}
+
 fn handed_out(fake: &FakeAirflow, job: &str) -> bool {
     fake.with(|s| s.handed_out.iter().any(|(id, _)| id.ends_with(job)))
 }
@@ -89,19 +112,12 @@ async fn an_idle_agent_is_woken_by_the_sentinel_and_fetches_at_once_when_the_str
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "agent-token\n").unwrap();
-    let agent = start_agent(
+    let agent = start_subscribed(
         &fake,
         dir.path(),
-        &[
-            "--sentinel-url",
-            &format!("http://{}", sentinel.local_addr().unwrap()),
-            "--sentinel-token-file",
-            token.to_str().unwrap(),
-            "--idle-fetch-interval",
-            "120s",
-            "--subscribed-idle-fetch-interval",
-            "120s",
-        ],
+        &sentinel,
+        "120s",
+        &["--sentinel-token-file", token.to_str().unwrap()],
     )
     .await;
     let mut first = accept(&sentinel).await;
@@ -186,19 +202,7 @@ async fn a_sentinel_that_refuses_the_token_leaves_the_agent_polling() {
     let fake = FakeAirflow::start().await;
     let sentinel = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(
-        &fake,
-        dir.path(),
-        &[
-            "--sentinel-url",
-            &format!("http://{}", sentinel.local_addr().unwrap()),
-            "--idle-fetch-interval",
-            "300ms",
-            "--subscribed-idle-fetch-interval",
-            "120s",
-        ],
-    )
-    .await;
+    let agent = start_subscribed(&fake, dir.path(), &sentinel, "300ms", &[]).await;
     let refusing = tokio::spawn(async move {
         loop {
             accept(&sentinel).await.refuse("401 Unauthorized").await;
@@ -235,19 +239,7 @@ async fn a_queue_change_by_airflow_resubscribes_to_the_new_queues() {
     let fake = FakeAirflow::start().await;
     let sentinel = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(
-        &fake,
-        dir.path(),
-        &[
-            "--sentinel-url",
-            &format!("http://{}", sentinel.local_addr().unwrap()),
-            "--idle-fetch-interval",
-            "120s",
-            "--subscribed-idle-fetch-interval",
-            "120s",
-        ],
-    )
-    .await;
+    let agent = start_subscribed(&fake, dir.path(), &sentinel, "120s", &[]).await;
     let mut first = accept(&sentinel).await;
     assert!(
         first.request.contains("?queue=default HTTP"),

@@ -60,14 +60,10 @@ impl Stream {
 async fn a_workers_token_opens_the_stream_only_and_the_stream_tells_each_rise() {
     let (fake, airflow) = fake_airflow().await;
     fake.set("default", 0, 2);
-    let fake_kube = FakeKubernetes::new("sentinel-own-sa-token");
-    for (token, user) in [(KEDA_TOKEN, KEDA_SA), (WORKER_TOKEN, WORKER_SA)] {
-        fake_kube
-            .users
-            .lock()
-            .unwrap()
-            .insert(token.into(), user.into());
-    }
+    let fake_kube = FakeKubernetes::with_users(
+        "sentinel-own-sa-token",
+        &[(KEDA_TOKEN, KEDA_SA), (WORKER_TOKEN, WORKER_SA)],
+    );
     let kube = fake_kube.start().await;
     let dir = TempDir::new("queue-events");
     let access = KubernetesAccess {

@@ -63,17 +63,10 @@ async fn setup(ttl: &str, with_static: bool) -> Setup {
 async fn setup_with_audiences(ttl: &str, with_static: bool, audiences: &str) -> Setup {
     let (fake, airflow) = fake_airflow().await;
     fake.set("default", 9, 0);
-    let fake_kube = FakeKubernetes::new("sentinel-own-sa-token");
-    fake_kube
-        .users
-        .lock()
-        .unwrap()
-        .insert(KEDA_TOKEN.into(), KEDA_SA.into());
-    fake_kube
-        .users
-        .lock()
-        .unwrap()
-        .insert(OTHER_TOKEN.into(), OTHER_SA.into());
+    let fake_kube = FakeKubernetes::with_users(
+        "sentinel-own-sa-token",
+        &[(KEDA_TOKEN, KEDA_SA), (OTHER_TOKEN, OTHER_SA)],
+    );
     let kube = fake_kube.start().await;
     let dir = TempDir::new("tokenreview");
     let token_file = dir.file("token", "sentinel-own-sa-token");

@@ -34,12 +34,7 @@ struct Setup {
 async fn setup(ttl: &str) -> Setup {
     let (airflow, airflow_server) = fake_airflow().await;
     airflow.set("default", 3, 0);
-    let fake_kube = FakeKubernetes::new("sentinel-own-sa-token");
-    fake_kube
-        .users
-        .lock()
-        .unwrap()
-        .insert(KEDA_TOKEN.into(), KEDA_SA.into());
+    let fake_kube = FakeKubernetes::with_users("sentinel-own-sa-token", &[(KEDA_TOKEN, KEDA_SA)]);
     let kube = fake_kube.start().await;
     let dir = TempDir::new("flood");
     let access = KubernetesAccess {

@@ -49,6 +49,17 @@ impl FakeKubernetes {
         })
     }
 
+    /// A fake that knows `users` (token, username) besides the caller's own token.
+    pub fn with_users(own_token: &str, users: &[(&str, &str)]) -> Arc<Self> {
+        let fake = Self::new(own_token);
+        fake.users.lock().unwrap().extend(
+            users
+                .iter()
+                .map(|(token, user)| (token.to_string(), user.to_string())),
+        );
+        fake
+    }
+
     pub fn reviews(&self) -> usize {
         self.reviews.load(Ordering::SeqCst)
     }

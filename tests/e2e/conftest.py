@@ -59,9 +59,6 @@ serve, and not rely on what earlier tests left behind.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-
 import pytest
 
 from harness.airflow_client import AirflowClient
@@ -261,13 +258,7 @@ def astro_agent(airflow):
     yield start
 
     for agent in agents:
-        if agent.daemon.alive():
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(3)
-            except subprocess.TimeoutExpired:
-                agent.send_signal(signal.SIGTERM)
-            agent.stop(timeout=60)
+        agent.drain_then_stop()
 
 
 @pytest.fixture

@@ -27,8 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -238,13 +236,7 @@ def scenario(airflow):
                 print(f"could not clean up {dag_id}/{run}: {e}")
         for pods in agents.values():
             for a in pods:
-                if a.daemon.alive():
-                    a.send_signal(signal.SIGTERM)
-                    try:
-                        a.wait(3)
-                    except subprocess.TimeoutExpired:
-                        a.send_signal(signal.SIGTERM)
-                a.stop(timeout=60)
+                a.drain_then_stop()
         sentinel.daemon.stop()
         prom.stop()
         if not os.environ.get("ASTRO_E2E_KEEP"):

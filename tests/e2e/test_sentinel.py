@@ -43,7 +43,6 @@ from urllib.parse import urlparse
 
 import pytest
 
-from harness.astro_agent_process import AstroAgent
 from harness.procs import Daemon, free_port, wait_for
 from harness.prometheus_server import promtool
 
@@ -63,7 +62,7 @@ TOKEN = "e2e-" + secrets.token_hex(16)
 
 @pytest.fixture
 def airflow(own_airflow):
-    """This module's tests, ``trigger_dag`` and ``astro_agents`` included, run on a stack
+    """This module's tests, ``trigger_dag`` and ``astro_agent`` included, run on a stack
     no other test uses: they stop its api-server and its database."""
     return own_airflow
 
@@ -261,23 +260,8 @@ def sentinels():
         s.stop()
 
 
-@pytest.fixture
-def astro_agents(airflow):
-    """``astro_agents(name, **kw)`` starts a ready astro-agent; each is stopped at test end."""
-    agents: list[AstroAgent] = []
-
-    def start(name: str, **kwargs) -> AstroAgent:
-        agent = AstroAgent(airflow, name, **kwargs)
-        agents.append(agent)
-        return agent.start()
-
-    yield start
-    for agent in agents:
-        agent.stop()
-
-
 @pytest.mark.parametrize("source", ["airflow-api", "postgres"])
-def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, astro_agents,
+def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, astro_agent,
                                           sentinel_bin, sentinels, tmp_path):
     client = airflow.client
     cleanup = []
@@ -300,7 +284,7 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, astro_ag
         env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
         upstream_per_refresh = 2  # one GROUP BY for all queues, and the Edge workers
     try:
-        run_scenario(source, airflow, client, trigger_dag, astro_agents, sentinel_bin, sentinels,
+        run_scenario(source, airflow, client, trigger_dag, astro_agent, sentinel_bin, sentinels,
                      tmp_path, source_config, env, upstream_per_refresh)
     finally:
         for s in sentinels:
@@ -312,7 +296,7 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, astro_ag
                 print(f"cleanup step failed: {e}")
 
 
-def run_scenario(source, airflow, client, trigger_dag, astro_agents, sentinel_bin, sentinels,
+def run_scenario(source, airflow, client, trigger_dag, astro_agent, sentinel_bin, sentinels,
                  tmp_path, source_config, env, upstream_per_refresh):
     s = Sentinel(sentinel_bin, tmp_path / "sentinel", source_config, env)
     sentinels.append(s)
@@ -365,7 +349,7 @@ def run_scenario(source, airflow, client, trigger_dag, astro_agents, sentinel_bi
     # 2. A worker starts: the backlog drains to 0.
     # The agent names its tasks' host after itself, as the chart's Pods do: the Sentinel finds
     # the worker's first task by it.
-    worker = astro_agents(f"astro-sentinel-{source}", queues=[QUEUE], sync_slots=8)
+    worker = astro_agent(f"astro-sentinel-{source}", queues=[QUEUE], sync_slots=8)
     observed = []
 
     def drained():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Sequence
@@ -100,6 +101,17 @@ class AstroAgent:
             self.daemon.stop(sig=signal.SIGKILL)
             raise
         return self
+
+    def drain_then_stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (the drain); if it has not exited within 3 s, a second SIGTERM stops its
+        tasks, so that no task outlives the caller; then wait for it."""
+        if self.daemon.alive():
+            self.send_signal(signal.SIGTERM)
+            try:
+                self.wait(3)
+            except subprocess.TimeoutExpired:
+                self.send_signal(signal.SIGTERM)
+        self.stop(timeout=timeout)
 
     def status(self, path: str) -> int:
         try:

@@ -329,32 +329,20 @@ mod tests {
         use crate::schedule::windows::Expected;
         let f = fixture();
         let w = [(WORKER_KEY, "w")];
-        let mut s = snapshot(0, Duration::ZERO);
-        s.set_expected(
-            [(
-                "w".to_string(),
-                Expected {
-                    slots: 3,
-                    runs: Vec::new(),
-                },
-            )]
-            .into(),
-        );
-        f.cache.publish(s);
+        // Worker w's backlog, with 3 slots expected for a run about to be due.
+        let pre_warmed = |backlog| {
+            let mut s = snapshot(backlog, Duration::ZERO);
+            let expected = Expected {
+                slots: 3,
+                runs: Vec::new(),
+            };
+            s.set_expected([("w".to_string(), expected)].into());
+            s
+        };
+        f.cache.publish(pre_warmed(0));
         assert!(active(&f, &w).await.unwrap());
         assert_eq!(metric(&f).await.unwrap(), 3.0);
-        let mut s = snapshot(5, Duration::ZERO);
-        s.set_expected(
-            [(
-                "w".to_string(),
-                Expected {
-                    slots: 3,
-                    runs: Vec::new(),
-                },
-            )]
-            .into(),
-        );
-        f.cache.publish(s);
+        f.cache.publish(pre_warmed(5));
         assert_eq!(metric(&f).await.unwrap(), 5.0, "max, not sum");
     }
 
