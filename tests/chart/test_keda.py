@@ -129,6 +129,23 @@ def test_keda_defaults_from_the_seed(chart):
     assert spec["fallback"] == {"failureThreshold": 3, "replicas": 1, "behavior": "currentReplicasIfHigher"}
     md = spec["triggers"][0]["metadata"]
     assert md["targetValue"] == "20" and md["activationTargetValue"] == "0"
+    # Seeds 002/004: down at most 2 Pods per 60 s after the window; up left to Kubernetes (fast).
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior == {"scaleDown": {"stabilizationWindowSeconds": 300, "selectPolicy": "Max",
+                                      "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]}}
+
+
+def test_keda_behavior_null_leaves_kubernetes_defaults(chart):
+    r = chart.render(scenario("keda-static"), sets=["workerDefaults.keda.behavior=null"])
+    spec = r.get("ScaledObject", "astro-worker-default-worker")["spec"]
+    assert "advanced" not in spec
+
+
+def test_keda_behavior_override_keeps_the_gentle_step(chart):
+    r = chart.render(scenario("keda-static"), sets=["workerDefaults.keda.behavior.scaleDown.stabilizationWindowSeconds=10"])
+    behavior = r.get("ScaledObject", "astro-worker-default-worker")["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 10
+    assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 2, "periodSeconds": 60}]
 
 
 def test_static_token_is_shared_by_keda_and_the_sentinel(chart):

@@ -176,8 +176,12 @@ class ScaleRecorder(threading.Thread):
     def __init__(self, cluster: Cluster, namespace: str, deployment: str):
         super().__init__(daemon=True)
         self.cluster, self.namespace, self.deployment = cluster, namespace, deployment
-        self.values: list[int] = []
+        self.changes: list[tuple[float, int]] = []  # (time seen, replicas)
         self._halt = threading.Event()
+
+    @property
+    def values(self) -> list[int]:
+        return [replicas for _, replicas in self.changes]
 
     def run(self) -> None:
         resource_version = None
@@ -191,8 +195,8 @@ class ScaleRecorder(threading.Thread):
                     d = event["object"]
                     resource_version = d.metadata.resource_version
                     replicas = d.spec.replicas or 0
-                    if not self.values or self.values[-1] != replicas:
-                        self.values.append(replicas)
+                    if not self.changes or self.changes[-1][1] != replicas:
+                        self.changes.append((time.time(), replicas))
                     if self._halt.is_set():
                         break
             except ApiException as e:
@@ -279,3 +283,10 @@ class ReplicaTimeline(threading.Thread):
     def replica_steps(self) -> list[int]:
         """Every ``spec.replicas`` value the Deployment took, in order (from the watch)."""
         return list(self.scale.values)
+
+    def most_removed_within(self, seconds: float) -> int:
+        """The most Pods the HPA took away within any ``seconds`` (scale-downs to 1 or more:
+        the last step to 0 is KEDA's, not the HPA's)."""
+        downs = [(t, before - after) for (_, before), (t, after) in zip(self.scale.changes, self.scale.changes[1:])
+                 if after < before and after >= 1]
+        return max((sum(n for u, n in downs if t - seconds < u <= t) for t, _ in downs), default=0)
