@@ -9,6 +9,7 @@ use crate::metrics::{EdgeCallMetrics, Metrics};
 use crate::queue_stats;
 use crate::registration::{self, Registered};
 use crate::sentinel_subscription;
+use crate::settings_drift::SettingsDrift;
 use crate::shutdown;
 use crate::slots::Slots;
 use crate::task_host_client::{TaskHost, Welcome};
@@ -113,6 +114,11 @@ pub async fn run(
                 config.queues.clone(),
                 versions.airflow,
                 versions.edge_provider,
+            ),
+            drift: SettingsDrift::new(
+                config.sync_slots,
+                config.queues.clone(),
+                metrics.settings_overridden.clone(),
             ),
             config,
             edge,

@@ -2,6 +2,7 @@
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::settings_drift::SettingsDrift;
 use crate::slots::Slots;
 use crate::task_host_client::TaskHost;
 use crate::wake::Wake;
@@ -18,6 +19,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub slots: Slots,
     pub status: WorkerStatus,
+    /// Whether Airflow has changed the concurrency or queues the autoscaler assumes.
+    pub drift: SettingsDrift,
     pub task_host: Arc<TaskHost>,
     /// Running jobs; "all work finished" is this tracker being closed and empty.
     pub jobs: TaskTracker,

@@ -65,6 +65,7 @@ async fn beat(ctx: &Context) -> Option<WorkerState> {
             if let Some(concurrency) = requests.concurrency {
                 ctx.slots.resize(concurrency);
             }
+            ctx.drift.check(ctx.slots.total(), &ctx.status.queues());
             if requests.maintenance_changed {
                 ctx.maintenance_changed.notify_one();
             }

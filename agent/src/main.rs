@@ -15,6 +15,7 @@ mod queue_stats;
 mod registration;
 mod reporter;
 mod sentinel_subscription;
+mod settings_drift;
 mod shutdown;
 mod slots;
 mod sse;

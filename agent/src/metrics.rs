@@ -25,6 +25,7 @@ pub struct Metrics {
     pub heartbeat_age: Gauge,
     pub draining: IntGauge,
     pub task_reports_pending: IntGauge,
+    pub settings_overridden: IntGaugeVec,
     pub sentinel_subscribed: IntGauge,
     pub wakeups: IntCounter,
     last_heartbeat: Mutex<Option<Instant>>,
@@ -191,6 +192,16 @@ impl Metrics {
                 IntGauge::new(
                     "astro_agent_task_reports_pending",
                     "Final job states not yet delivered to Airflow.",
+                ),
+            ),
+            settings_overridden: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "astro_agent_settings_overridden",
+                        "1 while Airflow has set this worker's `concurrency` or `queues` to something else than its configuration (the autoscaler still assumes the configured value).",
+                    ),
+                    &["setting"],
                 ),
             ),
             last_heartbeat: Mutex::new(None),

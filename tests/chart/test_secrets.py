@@ -115,6 +115,18 @@ def test_the_agents_settings_are_refused_in_the_tasks_container(chart):
     assert "workers[0].tasks.env[0] is ASTRO_AGENT_PYTHON: the agent's settings go in workers[0].env" in err, err
 
 
+@pytest.mark.parametrize("variable, value", [
+    ("ASTRO_AGENT_SYNC_SLOTS", "syncSlots"),
+    ("ASTRO_AGENT_QUEUES", "queues"),
+    ("ASTRO_AGENT_DRAIN_TIMEOUT", "terminationGracePeriodSeconds and drainMarginSeconds"),
+])
+def test_settings_the_autoscaler_relies_on_are_refused_in_env(chart, variable, value):
+    """Set in env, they would silently win over the chart's value that KEDA divides by."""
+    err = chart.render_error(scenario("keda-static"), sets=[
+        f"workers[0].env[0].name={variable}", "workers[0].env[0].value=8"])
+    assert f"workers[0].env[0] is {variable}: set workers[0].{value} instead" in err, err
+
+
 @pytest.mark.parametrize("name", VALID_SCENARIOS)
 def test_the_tasks_container_holds_no_credential(chart, name):
     """No ASTRO_AGENT_* variable, no secret reference the chart made, no volume but the shared

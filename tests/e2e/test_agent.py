@@ -162,8 +162,13 @@ def test_airflow_admin_actions_reach_the_agent(airflow, trigger_dag, astro_agent
     agent = astro_agent(name, queues=[MAPPED], sync_slots=4)
     client = airflow.client
 
+    assert agent.gauge("astro_agent_settings_overridden", setting="concurrency") == 0.0
     client.set_worker_concurrency(name, 2)
     wait_for(lambda: agent.gauge("astro_agent_slots") == 2.0, 30, "slots to follow Airflow's concurrency", interval=0.2)
+    # The autoscaler still divides by the configured 4: the agent says so.
+    assert agent.gauge("astro_agent_settings_overridden", setting="concurrency") == 1.0
+    assert "Airflow set this worker's concurrency to 2; the autoscaler still assumes 4 slots" in agent.log()
+    assert agent.gauge("astro_agent_settings_overridden", setting="queues") == 0.0
 
     client.request_maintenance(name)
     wait_for(lambda: client.edge_worker(name)["state"] == "maintenance mode", 30, "maintenance mode", interval=0.5)

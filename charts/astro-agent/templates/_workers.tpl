@@ -108,6 +108,15 @@ Every refusal names the key and the fix.
 {{- end -}}
 {{- end -}}
 {{- $_ := set $w "taskEnvAllowList" (uniq $allow) -}}
+{{- /* The agent settings the chart derives from its own values: set again in env, they would
+       silently win over the value the autoscaler divides by or counts with. */ -}}
+{{- $fromValues := dict "ASTRO_AGENT_SYNC_SLOTS" "syncSlots" "ASTRO_AGENT_QUEUES" "queues" "ASTRO_AGENT_DRAIN_TIMEOUT" "terminationGracePeriodSeconds and drainMarginSeconds" "ASTRO_AGENT_LOG_FOLDER" "logFolder" "ASTRO_AGENT_LOG_FORMAT" "logFormat" "ASTRO_AGENT_PYTHON" "tasks.python" "ASTRO_AGENT_WORKER_NAME" "the Pod's name (set by the chart)" -}}
+{{- range $j, $e := $w.env | default list -}}
+{{- $n := toString (default "" $e.name) -}}
+{{- if hasKey $fromValues $n -}}
+{{- fail (printf "workers[%d].env[%d] is %s: set workers[%d].%s instead (the chart passes it to the agent, and the autoscaler uses the same value)" $i $j $n $i (get $fromValues $n)) -}}
+{{- end -}}
+{{- end -}}
 
 {{- $keda := $w.keda.enabled -}}
 {{- $hpa := $w.hpa.enabled -}}
