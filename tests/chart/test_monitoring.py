@@ -299,7 +299,8 @@ def test_dashboard_is_for_one_worker_deployment():
     for needed in ("astro_agent_client_queue_stats", "astro_agent_slots{", "astro_agent_slots_in_use",
                    "kube_deployment_spec_replicas", "kube_horizontalpodautoscaler_status_desired_replicas",
                    "astro_agent_task_duration_seconds_bucket", "astro_agent_tasks_finished_total",
-                   "astro_agent_heartbeat_age_seconds", "astro_agent_edge_api_request_failures_total"):
+                   "astro_agent_heartbeat_age_seconds", "astro_agent_edge_api_request_failures_total",
+                   "astro_sentinel_worker_oldest_queued_age_seconds", "astro_sentinel_worker_pods"):
         assert needed in text, needed
 
 
