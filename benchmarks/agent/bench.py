@@ -350,7 +350,7 @@ class Worker:
             if kind == "astro-agent-baseline":
                 mode["program"] = Path(os.environ[BASELINE_BIN])
             if kind == "astro-agent-wake":
-                # The agent's defaults otherwise: 30 s between idle fetches while subscribed.
+                # The agent's defaults otherwise: 60 s between idle fetches while subscribed.
                 mode["extra_args"] = ["--sentinel-url", sentinel.url, "--sentinel-token-file", str(sentinel.token_file)]
             if launch_mode:
                 mode["launch_mode"] = launch_mode
@@ -741,6 +741,9 @@ class Bench:
     def bench_wake(self, kind: str, out: dict) -> None:
         """Queued -> running on an idle warm 4-slot worker (the trials), then the idle fleet."""
         out["kind"] = kind
+        if self.args.trials == 0:  # the idle fleet alone
+            out["fleet"] = self.idle_fleet(kind)
+            return
         worker = self.start_worker(kind, 4)
         try:
             # Warm: a first task has run, so the launcher and its spares are ready.
