@@ -18,6 +18,7 @@ mod sentinel_subscription;
 mod shutdown;
 mod slots;
 mod sse;
+mod stop_budget;
 mod task_env;
 mod task_host;
 mod task_host_client;

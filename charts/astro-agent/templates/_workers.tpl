@@ -78,15 +78,27 @@ Every refusal names the key and the fix.
 {{- fail (printf "workers[%d].syncSlots is %d: it must be at least 1 (concurrent tasks per Pod)" $i $slots) -}}
 {{- end -}}
 
-{{- /* drain deadline: grace minus margin; half the grace when the margin would eat most of it */ -}}
+{{- /* Drain deadline: grace minus margin. After the deadline the agent spends up to the whole
+       margin (10 s for tasks to exit, their final reports, 10 s to report offline, 5 s to exit:
+       agent/src/stop_budget.rs), all before the kubelet's SIGKILL at the end of the grace
+       period; a margin below 35 s would leave the reports too little, and the agent refuses it. */ -}}
 {{- $grace := int $w.terminationGracePeriodSeconds -}}
 {{- if lt $grace 1 -}}
 {{- fail (printf "workers[%d].terminationGracePeriodSeconds is %d: it must be at least 1 so the agent can drain its tasks" $i $grace) -}}
 {{- end -}}
 {{- $margin := int $w.drainMarginSeconds -}}
-{{- $drain := div $grace 2 -}}
-{{- if ge $grace (mul 2 $margin) -}}{{- $drain = sub $grace $margin -}}{{- end -}}
-{{- $_ := set $w "drainTimeoutSeconds" $drain -}}
+{{- if lt $margin 35 -}}
+{{- fail (printf "workers[%d].drainMarginSeconds is %d: it must be at least 35 (after the drain deadline the agent needs 10s to stop tasks, at least 10s for their final reports, 10s to report offline and 5s to exit, before the kubelet's SIGKILL)" $i $margin) -}}
+{{- end -}}
+{{- if le $grace $margin -}}
+{{- fail (printf "workers[%d].terminationGracePeriodSeconds (%d) must be greater than workers[%d].drainMarginSeconds (%d): the drain deadline is their difference" $i $grace $i $margin) -}}
+{{- end -}}
+{{- $_ := set $w "drainTimeoutSeconds" (sub $grace $margin) -}}
+
+{{- $conn := $w.adminServer -}}
+{{- if ge (int $conn.reservedConnections) (int $conn.maxConnections) -}}
+{{- fail (printf "workers[%d].adminServer.reservedConnections (%d) must be less than workers[%d].adminServer.maxConnections (%d): the reserve is a part of them" $i (int $conn.reservedConnections) $i (int $conn.maxConnections)) -}}
+{{- end -}}
 
 {{- /* The tasks container. Its image is the user's Airflow: the chart's appVersion (the agent's)
        is no tag for it. Its env must hold none of the agent's settings, which carry credentials. */ -}}
