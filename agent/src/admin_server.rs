@@ -11,9 +11,19 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Prometheus and the kubelet's probes need a few connections; the cap keeps the agent's file
-/// descriptors for its tasks, whatever connects to this port.
-const MAX_CONNECTIONS: usize = 32;
+/// How many connections the server holds (`--admin-*` flags). Prometheus and the kubelet's
+/// probes need a few; the cap keeps the agent's file descriptors for its tasks, whatever
+/// connects to this port. The per-peer share and the reserve keep a slot for the kubelet's
+/// liveness probe however one client (or a few) floods the port: a probe that finds no slot
+/// fails, and a few failures in a row restart the container with every task on it. The
+/// probe's address cannot be named here: depending on the network plugin it is the node's
+/// address or a bridge's, so it is protected as "a peer holding no connection".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminConnections {
+    pub max: usize,
+    pub per_peer: usize,
+    pub reserved: usize,
+}
 
 /// Serves until `stop` is cancelled. The listener is bound by the caller so that a bad address
 /// fails at start-up rather than in the background.
@@ -21,10 +31,13 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     readiness: Readiness,
+    connections: AdminConnections,
     stop: CancellationToken,
 ) {
     let limits = http_server::Limits {
-        max_connections: MAX_CONNECTIONS,
+        max_connections: connections.max,
+        max_connections_per_peer: connections.per_peer,
+        reserved_connections: connections.reserved,
         ..http_server::Limits::default()
     };
     let handler = move |req: Request<Incoming>| {

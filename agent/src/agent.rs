@@ -14,7 +14,7 @@ use crate::shutdown;
 use crate::slots::Slots;
 use crate::task_host_client::{TaskHost, Welcome};
 use crate::task_host_link::Link;
-use crate::task_host_protocol::{HostedTask, TaskSettings, KILL_GRACE};
+use crate::task_host_protocol::{HostedTask, TaskSettings};
 use crate::task_runner;
 use crate::versions;
 use crate::wake::Wake;
@@ -25,15 +25,10 @@ use airflow::edge_types::EdgeJob;
 use anyhow::Context as _;
 use http_server::Readiness;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// After tasks were stopped, how long their last logs and states may take to reach Airflow
-/// before the agent exits regardless.
-const REPORT_GRACE: Duration = Duration::from_secs(30);
 
 /// `task_env` is the environment a task host the agent starts gets (see [`crate::task_env`]);
 /// `log_format` is the agent's, passed on to it.
@@ -57,6 +52,7 @@ pub async fn run(
         listener,
         metrics.clone(),
         readiness.clone(),
+        config.admin_connections,
         stop_admin.clone(),
     ));
     // An async block, so that every way out of it (`?` included) still stops the admin server.
@@ -198,7 +194,15 @@ async fn serve(
     if let Some(subscription) = subscription {
         let _ = subscription.await;
     }
-    heartbeat::report_offline(ctx).await;
+    let offline = ctx.config.stop_budget.report_offline;
+    if tokio::time::timeout(offline, heartbeat::report_offline(ctx))
+        .await
+        .is_err()
+    {
+        tracing::error!(
+            "could not report offline within {offline:?}; Airflow will time this worker out"
+        );
+    }
     Ok(())
 }
 
@@ -223,7 +227,8 @@ async fn take_over(ctx: &Arc<Context>, task: HostedTask) {
 }
 
 /// Waits for every running job, applying the drain deadline: when it passes (or a second
-/// signal arrives) the tasks are stopped, and their reports get [`REPORT_GRACE`] to go out.
+/// signal arrives) the tasks are stopped, and they and their reports get the stop budget's
+/// `stop_and_report` (inside `--drain-margin`, before the kubelet's SIGKILL).
 async fn wait_for_jobs(ctx: &Context) {
     let deadline = async {
         match ctx.config.drain_timeout {
@@ -239,7 +244,7 @@ async fn wait_for_jobs(ctx: &Context) {
             ctx.kill.cancel();
         }
     }
-    if tokio::time::timeout(KILL_GRACE + REPORT_GRACE, ctx.jobs.wait())
+    if tokio::time::timeout(ctx.config.stop_budget.stop_and_report, ctx.jobs.wait())
         .await
         .is_err()
     {

@@ -1,6 +1,8 @@
 //! The agent's configuration: one clap struct, every flag also read from `ASTRO_AGENT_<FLAG>`,
 //! and one validation step that turns it into [`Config`] or a one-line error naming the flag.
 
+use crate::admin_server::AdminConnections;
+use crate::stop_budget::StopBudget;
 use crate::task_env::EnvPattern;
 use airflow::rest_api::{CredentialNames, RestCredentials};
 use airflow::secret_file::{value_or_file, SecretError};
@@ -74,6 +76,27 @@ pub struct Flags {
     )]
     pub listen: SocketAddr,
 
+    /// Connections the HTTP server of --listen holds at once (probes and scrapers need a few;
+    /// the rest of the agent's file descriptors are for its tasks)
+    #[arg(long, env = "ASTRO_AGENT_ADMIN_MAX_CONNECTIONS", value_name = "N",
+          default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub admin_max_connections: u16,
+
+    /// Of those, how many one client address may hold, so that one cannot take them all
+    #[arg(long, env = "ASTRO_AGENT_ADMIN_MAX_CONNECTIONS_PER_PEER", value_name = "N",
+          default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    pub admin_max_connections_per_peer: u16,
+
+    /// Of those, how many only an address holding no connection may take (the kubelet's next
+    /// probe), so that several addresses at their share cannot take them all either
+    #[arg(
+        long,
+        env = "ASTRO_AGENT_ADMIN_RESERVED_CONNECTIONS",
+        value_name = "N",
+        default_value_t = 8
+    )]
+    pub admin_reserved_connections: u16,
+
     /// Time between heartbeats (and queue-stats refreshes)
     #[arg(long, env = "ASTRO_AGENT_HEARTBEAT_INTERVAL", value_name = "DURATION",
           default_value = "30s", value_parser = duration_at_least(Duration::from_secs(1)))]
@@ -129,6 +152,14 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_AGENT_DRAIN_TIMEOUT", value_name = "DURATION",
           value_parser = humantime::parse_duration)]
     pub drain_timeout: Option<Duration>,
+
+    /// Time kept after the drain deadline (or a second signal) to stop the tasks, send their final
+    /// states and logs, report offline and exit: in a Pod, the grace period minus the drain
+    /// timeout. At least 35s (10s for tasks to exit, 10s for their reports, 10s to report
+    /// offline, 5s to exit); what is above that goes to the reports
+    #[arg(long, env = "ASTRO_AGENT_DRAIN_MARGIN", value_name = "DURATION",
+          default_value = "60s", value_parser = humantime::parse_duration)]
+    pub drain_margin: Duration,
 
     /// Log lines for people (text; colour only on a terminal) or for log pipelines (json)
     #[arg(
@@ -276,6 +307,7 @@ pub struct Config {
     pub queues: Vec<String>,
     pub sync_slots: u32,
     pub listen: SocketAddr,
+    pub admin_connections: AdminConnections,
     pub heartbeat_interval: Duration,
     pub idle_fetch_interval: Duration,
     pub execution_api_url: Url,
@@ -285,6 +317,7 @@ pub struct Config {
     pub airflow_version: Option<String>,
     pub edge_provider_version: Option<String>,
     pub drain_timeout: Option<Duration>,
+    pub stop_budget: StopBudget,
     pub launch_mode: LaunchMode,
     pub rest_api: Option<RestApiConfig>,
     /// Environment variables tasks inherit besides the built-in allowlist.
@@ -409,6 +442,23 @@ impl Flags {
             return Err(err("--worker-name", "must not contain '/'"));
         }
 
+        let admin_connections = AdminConnections {
+            max: self.admin_max_connections.into(),
+            per_peer: self.admin_max_connections_per_peer.into(),
+            reserved: self.admin_reserved_connections.into(),
+        };
+        if admin_connections.reserved >= admin_connections.max {
+            return Err(err(
+                "--admin-reserved-connections",
+                format!(
+                    "{} must be less than --admin-max-connections ({}): the reserve is a part of them",
+                    admin_connections.reserved, admin_connections.max
+                ),
+            ));
+        }
+        let stop_budget =
+            StopBudget::within(self.drain_margin).map_err(|e| err("--drain-margin", e))?;
+
         let rest_api = match self.rest_api_url.as_deref() {
             None => None,
             Some(url) => {
@@ -502,6 +552,7 @@ impl Flags {
             queues: self.queues,
             sync_slots: self.sync_slots,
             listen: self.listen,
+            admin_connections,
             heartbeat_interval: self.heartbeat_interval,
             idle_fetch_interval: self.idle_fetch_interval,
             execution_api_url,
@@ -511,6 +562,7 @@ impl Flags {
             airflow_version: self.airflow_version,
             edge_provider_version: self.edge_provider_version,
             drain_timeout: self.drain_timeout,
+            stop_budget,
             launch_mode: self.launch_mode,
             rest_api,
             task_env_allow,
@@ -556,6 +608,42 @@ mod tests {
         assert_eq!(c.jwt_secret.expose(), b"s3cret");
         assert!(c.sentinel.is_none());
         assert_eq!(c.subscribed_idle_fetch_interval, Duration::from_secs(60));
+        assert_eq!(
+            c.admin_connections,
+            AdminConnections {
+                max: 32,
+                per_peer: 4,
+                reserved: 8
+            }
+        );
+        assert_eq!(c.stop_budget.stop_and_report, Duration::from_secs(45));
+    }
+
+    #[test]
+    fn limits_that_cannot_hold_are_refused_naming_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--drain-margin", "34s"], "--drain-margin"),
+            (
+                &["--admin-reserved-connections", "32"],
+                "--admin-reserved-connections",
+            ),
+            (
+                &[
+                    "--admin-max-connections",
+                    "4",
+                    "--admin-reserved-connections",
+                    "6",
+                ],
+                "--admin-reserved-connections",
+            ),
+        ];
+        for (args, flag) in cases {
+            let e = validate(args).unwrap_err();
+            assert_eq!(e.flag, *flag, "args {args:?} gave {e}");
+            assert!(!e.to_string().contains('\n'));
+        }
+        let c = validate(&["--drain-margin", "35s"]).unwrap();
+        assert_eq!(c.stop_budget.stop_and_report, Duration::from_secs(20));
     }
 
     #[test]
@@ -654,6 +742,12 @@ mod tests {
                 "--rest-api-token",
             ),
             (&["--rest-api-password", "p"], "--rest-api-username"),
+            (&["--admin-max-connections", "0"], "--admin-max-connections"),
+            (
+                &["--admin-max-connections-per-peer", "0"],
+                "--admin-max-connections-per-peer",
+            ),
+            (&["--drain-margin", "soon"], "--drain-margin"),
         ];
         for (args, flag) in cases {
             let argv = ["astro-agent"].iter().chain(args.iter());

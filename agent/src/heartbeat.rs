@@ -108,7 +108,7 @@ async fn beat(ctx: &Context) -> Option<WorkerState> {
 const OFFLINE_ATTEMPTS: u32 = 5;
 
 /// The last heartbeat: `offline`, so Airflow frees the name at once instead of waiting for the
-/// heartbeat timeout. A few attempts, then the agent exits anyway.
+/// heartbeat timeout. A few attempts inside the caller's time limit, then the agent exits anyway.
 pub async fn report_offline(ctx: &Context) {
     let state = if ctx.status.in_maintenance() {
         WorkerState::OfflineMaintenance

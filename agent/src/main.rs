@@ -19,6 +19,7 @@ mod settings_drift;
 mod shutdown;
 mod slots;
 mod sse;
+mod stop_budget;
 mod task_env;
 mod task_host;
 mod task_host_client;

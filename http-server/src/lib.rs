@@ -4,7 +4,10 @@
 //!
 //! * At most [`Limits::max_connections`] connections, each holding an owned semaphore permit
 //!   that its task releases by ending; one more is closed at once. The cap keeps file
-//!   descriptors for the binary's real work.
+//!   descriptors for the binary's real work. One peer address holds at most
+//!   [`Limits::max_connections_per_peer`] of them, and the last [`Limits::reserved_connections`]
+//!   free slots go only to addresses holding none, so that one client (or a few) flooding the
+//!   port cannot starve another, such as the kubelet's liveness probe (see `admission`).
 //! * `accept` errors (out of file descriptors, most often) back off from
 //!   [`ACCEPT_BACKOFF_MIN`] to [`ACCEPT_BACKOFF_MAX`]: the pending connection stays in the
 //!   backlog, so retrying at once would spin.
@@ -19,10 +22,12 @@
 //! Repeated warnings (failed accepts, refused connections) are logged at most once per
 //! [`WARN_EVERY`], with the number left out: a flood must not become a flood of log lines.
 
+mod admission;
 mod log_throttle;
 mod readiness;
 mod write_deadline;
 
+use admission::Admission;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -33,10 +38,8 @@ use log_throttle::LogThrottle;
 pub use readiness::Readiness;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use write_deadline::WriteDeadline;
 
@@ -48,6 +51,10 @@ pub const WARN_EVERY: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_connections: usize,
+    /// How many of them one peer address may hold.
+    pub max_connections_per_peer: usize,
+    /// Free slots that only an address holding no connection may take.
+    pub reserved_connections: usize,
     pub header_read_timeout: Duration,
     /// hyper's read buffer, which bounds the request line plus headers (8 KiB is its minimum).
     pub max_header_bytes: usize,
@@ -60,6 +67,10 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 1024,
+            // No per-peer share and no reserve unless a server asks: many legitimate clients
+            // can share one address (a proxy, a node's SNAT), and only the server knows its own.
+            max_connections_per_peer: 1024,
+            reserved_connections: 0,
             header_read_timeout: Duration::from_secs(5),
             max_header_bytes: 16 * 1024,
             write_stall_timeout: Duration::from_secs(10),
@@ -91,7 +102,11 @@ pub async fn serve<H, F, B>(
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes)
         .keep_alive(true);
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let admission = Admission::new(
+        limits.max_connections,
+        limits.max_connections_per_peer,
+        limits.reserved_connections,
+    );
     let closing = CancellationToken::new();
     let mut accept_failures = LogThrottle::new(WARN_EVERY);
     let mut refusals = LogThrottle::new(WARN_EVERY);
@@ -119,11 +134,22 @@ pub async fn serve<H, F, B>(
             },
             _ = &mut shutdown => break,
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            if let Some(left_out) = refusals.ready() {
-                tracing::warn!(%peer, limit = limits.max_connections, left_out, "connection limit reached; closing new connections");
+        let ticket = match admission.admit(peer.ip()) {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                if let Some(left_out) = refusals.ready() {
+                    tracing::warn!(
+                        %peer,
+                        limit = limits.max_connections,
+                        per_peer = limits.max_connections_per_peer,
+                        reserved = limits.reserved_connections,
+                        left_out,
+                        "{}; closing new connections",
+                        refusal.reason()
+                    );
+                }
+                continue;
             }
-            continue;
         };
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(WriteDeadline::new(stream, limits.write_stall_timeout));
@@ -136,7 +162,7 @@ pub async fn serve<H, F, B>(
         let closing = closing.clone();
         let max_age = limits.max_connection_age;
         tokio::spawn(async move {
-            let _permit = permit;
+            let _ticket = ticket;
             tokio::pin!(connection);
             tokio::select! {
                 ended = connection.as_mut() => return log_end(peer, ended),
@@ -150,9 +176,7 @@ pub async fn serve<H, F, B>(
 
     drop(listener);
     closing.cancel();
-    // Every connection holds a permit until it ends: all of them back means all ended.
-    let all = limits.max_connections as u32;
-    if tokio::time::timeout(limits.drain_timeout, permits.acquire_many(all))
+    if tokio::time::timeout(limits.drain_timeout, admission.all_ended())
         .await
         .is_err()
     {

@@ -149,7 +149,7 @@ def test_the_tasks_container_holds_no_credential(chart, name):
                 for m in c["volumeMounts"]:
                     assert m["name"] != "airflow-credentials"
                     if m["name"] not in own:
-                        assert volumes[m["name"]] == {"name": m["name"], "emptyDir": {}}, m
+                        assert set(volumes[m["name"]]) == {"name", "emptyDir"} and set(volumes[m["name"]]["emptyDir"]) == {"sizeLimit"}, m
             else:
                 # install-agent: the binary and nothing else.
                 assert [m["name"] for m in c["volumeMounts"]] == ["astro-agent-bin"] and "env" not in c

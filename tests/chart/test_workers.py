@@ -72,9 +72,17 @@ def test_worker_pod_spec(chart, name):
         m = re.fullmatch(r"(\d+)s", env["ASTRO_AGENT_DRAIN_TIMEOUT"]["value"])
         assert m, env["ASTRO_AGENT_DRAIN_TIMEOUT"]
         drain = int(m.group(1))
-        assert 0 <= drain < grace
+        assert 0 < drain < grace
         margin = w["drainMarginSeconds"]
-        assert drain == (grace - margin if grace >= 2 * margin else grace // 2)
+        assert drain == grace - margin
+        # The agent shares the rest out (stop the tasks, report them, offline, exit).
+        assert env["ASTRO_AGENT_DRAIN_MARGIN"]["value"] == f"{margin}s"
+
+        # The probe keeps a connection however another client floods the port.
+        admin = w["adminServer"]
+        assert env["ASTRO_AGENT_ADMIN_MAX_CONNECTIONS"]["value"] == str(admin["maxConnections"])
+        assert env["ASTRO_AGENT_ADMIN_MAX_CONNECTIONS_PER_PEER"]["value"] == str(admin["maxConnectionsPerPeer"])
+        assert env["ASTRO_AGENT_ADMIN_RESERVED_CONNECTIONS"]["value"] == str(admin["reservedConnections"])
 
         # Probes.
         assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -125,18 +133,60 @@ def test_default_image_and_defaults(chart):
     assert c["image"].startswith("astro-agent:")
     assert d["spec"]["replicas"] == 1
     assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600
-    assert env_of(c)["ASTRO_AGENT_DRAIN_TIMEOUT"]["value"] == "570s"
+    assert env_of(c)["ASTRO_AGENT_DRAIN_TIMEOUT"]["value"] == "540s"
     assert not r.all("ScaledObject") and not r.all("HorizontalPodAutoscaler") and not r.maybe("Deployment", "astro-sentinel")
 
 
-def test_short_grace_period_keeps_drain_below_it(chart):
+def test_the_margin_holds_what_the_agent_does_after_the_drain_deadline(chart):
     r = chart.render(scenario("mixed"))
     env = env_of(container(r.get("Deployment", "prod-worker-pinned"), "agent"))
-    assert env["ASTRO_AGENT_DRAIN_TIMEOUT"]["value"] == "20s"  # 40 s grace, 30 s margin: half of it
-    for grace, expected in ((1, 0), (3, 1), (59, 29), (60, 30), (61, 31)):
+    assert env["ASTRO_AGENT_DRAIN_TIMEOUT"]["value"] == "5s"  # 40 s grace, the least margin (35 s)
+    assert env["ASTRO_AGENT_DRAIN_MARGIN"]["value"] == "35s"
+    for grace, expected in ((61, 1), (600, 540), (28800, 28740)):
         r = chart.render(scenario("defaults"), sets=[f"workerDefaults.terminationGracePeriodSeconds={grace}"])
         env = env_of(container(r.get("Deployment", "astro-worker-default"), "agent"))
         assert env["ASTRO_AGENT_DRAIN_TIMEOUT"]["value"] == f"{expected}s"
+        assert env["ASTRO_AGENT_DRAIN_MARGIN"]["value"] == "60s"
+    # 10 s for tasks to exit + 10 s for their reports + 10 s offline + 5 s exit: the agent's
+    # least margin (agent/src/stop_budget.rs), refused below it by both.
+    err = chart.render_error(scenario("defaults"), sets=["workerDefaults.drainMarginSeconds=34"])
+    assert "workers[0].drainMarginSeconds is 34: it must be at least 35" in err
+    err = chart.render_error(scenario("defaults"), sets=["workerDefaults.terminationGracePeriodSeconds=60"])
+    assert "workers[0].terminationGracePeriodSeconds (60) must be greater than workers[0].drainMarginSeconds (60)" in err
+
+
+def _bytes(quantity):
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(quantity)).groups()
+    return float(number) * units.get(unit, 1)
+
+
+@pytest.mark.parametrize("name", VALID_SCENARIOS)
+def test_disk_is_bounded(chart, name):
+    """Every emptyDir of the chart's has a sizeLimit, and the containers' ephemeral-storage limits
+    add up to more than the emptyDirs may hold: the kubelet evicts a Pod whose containers and
+    emptyDirs together pass that sum, and it should be an emptyDir's own limit that does."""
+    _, workers = effective(name)
+    r = chart.render(scenario(name))
+    for w in workers:
+        spec = r.get("Deployment", w["deployment"])["spec"]["template"]["spec"]
+        extra = {v["name"] for v in w["extraVolumes"]}
+        own = [v for v in spec["volumes"] if "emptyDir" in v and v["name"] not in extra]
+        assert {v["name"] for v in own} == {"tmp", "logs", "astro-agent-bin", "task-host", "tasks-tmp"}
+        sizes = {v["name"]: v["emptyDir"]["sizeLimit"] for v in own}
+        limits = w["scratchSizeLimits"]
+        assert (sizes["logs"], sizes["tasks-tmp"], sizes["tmp"]) == (limits["logs"], limits["tasksTmp"], limits["agentTmp"])
+        agent, tasks = container(r.get("Deployment", w["deployment"]), "agent"), container(r.get("Deployment", w["deployment"]), "tasks")
+        for c in (agent, tasks):
+            assert "ephemeral-storage" in c["resources"]["requests"], c["name"]
+        pod_limit = sum(_bytes(c["resources"]["limits"]["ephemeral-storage"]) for c in (agent, tasks))
+        assert pod_limit > sum(_bytes(q) for q in sizes.values()), (w["name"], sizes, pod_limit)
+
+
+def test_the_sentinel_has_its_disk_bounded_too(chart):
+    r = chart.render(scenario("keda-static"))
+    c = container(r.get("Deployment", "astro-sentinel"), "sentinel")
+    assert c["resources"]["requests"]["ephemeral-storage"] and c["resources"]["limits"]["ephemeral-storage"]
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)
@@ -208,7 +258,7 @@ def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
         (agent,) = spec["containers"]
         volumes = {v["name"]: v for v in spec["volumes"]}
         for v in ("astro-agent-bin", "task-host", "logs", "tasks-tmp", "tmp"):
-            assert volumes[v] == {"name": v, "emptyDir": {}}, v
+            assert set(volumes[v]) == {"name", "emptyDir"} and set(volumes[v]["emptyDir"]) == {"sizeLimit"}, v
 
         # install-agent: the agent image, its restricted security context, small, run to completion.
         assert install["image"] == agent["image"] == _image(w["image"], chart_meta["appVersion"])
@@ -269,7 +319,7 @@ def test_tasks_container_defaults(chart):
         "runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
         "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
     }
-    assert tasks["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert tasks["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "1Gi"}, "limits": {"memory": "2Gi", "ephemeral-storage": "8Gi"}}
     # A digest wins over the tag; an image with neither is refused (the chart's appVersion is
     # the agent's, no Airflow tag).
     r = chart.render(scenario("defaults"), sets=["workerDefaults.tasks.image.digest=sha256:" + "a" * 64])

@@ -46,7 +46,7 @@ def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release, 
     values["sentinel"] = {"enabled": False}
     values["workers"] = [{
         "name": "hpa", "queues": ["cluster-hpa"], "syncSlots": SYNC_SLOTS,
-        "terminationGracePeriodSeconds": 90, "drainMarginSeconds": 10,
+        "terminationGracePeriodSeconds": 115, "drainMarginSeconds": 35,
         "hpa": {
             "enabled": True, "minReplicaCount": 1, "maxReplicaCount": 3,
             # Up fast, down after a short window: the chart's 300 s scale-down window and

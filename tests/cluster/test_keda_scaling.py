@@ -39,7 +39,7 @@ RELEASE = "scaling"
 SENTINEL = f"http://astro-sentinel.{NAMESPACE}.svc:39092"
 BURST = "astro-worker-burst"
 BIG = "astro-worker-big"
-GRACE_SECONDS = 90
+GRACE_SECONDS = 115
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def scaling(cluster, nodes, keda, airflow, release_factory):
     values = chart_values(airflow, kubernetes={"idleFirstScaleIn": False})
     values["workers"] = [
         {"name": "burst", "queues": ["cluster-burst"], "syncSlots": 2,
-         "terminationGracePeriodSeconds": GRACE_SECONDS, "drainMarginSeconds": 10, "keda": keda_common},
+         "terminationGracePeriodSeconds": GRACE_SECONDS, "drainMarginSeconds": 35, "keda": keda_common},
         {"name": "big", "queues": ["cluster-big"], "syncSlots": 3,
          "resources": {"requests": {"cpu": "1500m", "memory": "512Mi"}}, "keda": keda_common,
          **dedicated_nodes(NAMESPACE)},

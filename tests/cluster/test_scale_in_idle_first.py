@@ -23,7 +23,7 @@ def _values(airflow, replicas: int, idle_first: bool) -> dict:
     values["sentinel"]["kubernetes"] = {"enabled": True, "idleFirstScaleIn": idle_first}
     values["workers"] = [{
         "name": "idle", "queues": ["cluster-idle-first"], "syncSlots": 1,
-        "terminationGracePeriodSeconds": 90, "drainMarginSeconds": 10,
+        "terminationGracePeriodSeconds": 115, "drainMarginSeconds": 35,
         "keda": {"enabled": True, "minReplicaCount": replicas, "maxReplicaCount": replicas,
                  "pollingInterval": 2, "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}},
     }]

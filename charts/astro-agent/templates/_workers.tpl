@@ -78,15 +78,27 @@ Every refusal names the key and the fix.
 {{- fail (printf "workers[%d].syncSlots is %d: it must be at least 1 (concurrent tasks per Pod)" $i $slots) -}}
 {{- end -}}
 
-{{- /* drain deadline: grace minus margin; half the grace when the margin would eat most of it */ -}}
+{{- /* Drain deadline: grace minus margin. After the deadline the agent spends up to the whole
+       margin (10 s for tasks to exit, their final reports, 10 s to report offline, 5 s to exit:
+       agent/src/stop_budget.rs), all before the kubelet's SIGKILL at the end of the grace
+       period; a margin below 35 s would leave the reports too little, and the agent refuses it. */ -}}
 {{- $grace := int $w.terminationGracePeriodSeconds -}}
 {{- if lt $grace 1 -}}
 {{- fail (printf "workers[%d].terminationGracePeriodSeconds is %d: it must be at least 1 so the agent can drain its tasks" $i $grace) -}}
 {{- end -}}
 {{- $margin := int $w.drainMarginSeconds -}}
-{{- $drain := div $grace 2 -}}
-{{- if ge $grace (mul 2 $margin) -}}{{- $drain = sub $grace $margin -}}{{- end -}}
-{{- $_ := set $w "drainTimeoutSeconds" $drain -}}
+{{- if lt $margin 35 -}}
+{{- fail (printf "workers[%d].drainMarginSeconds is %d: it must be at least 35 (after the drain deadline the agent needs 10s to stop tasks, at least 10s for their final reports, 10s to report offline and 5s to exit, before the kubelet's SIGKILL)" $i $margin) -}}
+{{- end -}}
+{{- if le $grace $margin -}}
+{{- fail (printf "workers[%d].terminationGracePeriodSeconds (%d) must be greater than workers[%d].drainMarginSeconds (%d): the drain deadline is their difference" $i $grace $i $margin) -}}
+{{- end -}}
+{{- $_ := set $w "drainTimeoutSeconds" (sub $grace $margin) -}}
+
+{{- $conn := $w.adminServer -}}
+{{- if ge (int $conn.reservedConnections) (int $conn.maxConnections) -}}
+{{- fail (printf "workers[%d].adminServer.reservedConnections (%d) must be less than workers[%d].adminServer.maxConnections (%d): the reserve is a part of them" $i (int $conn.reservedConnections) $i (int $conn.maxConnections)) -}}
+{{- end -}}
 
 {{- /* The tasks container. Its image is the user's Airflow: the chart's appVersion (the agent's)
        is no tag for it. Its env must hold none of the agent's settings, which carry credentials. */ -}}
@@ -110,7 +122,7 @@ Every refusal names the key and the fix.
 {{- $_ := set $w "taskEnvAllowList" (uniq $allow) -}}
 {{- /* The agent settings the chart derives from its own values: set again in env, they would
        silently win over the value the autoscaler divides by or counts with. */ -}}
-{{- $fromValues := dict "ASTRO_AGENT_SYNC_SLOTS" "syncSlots" "ASTRO_AGENT_QUEUES" "queues" "ASTRO_AGENT_DRAIN_TIMEOUT" "terminationGracePeriodSeconds and drainMarginSeconds" "ASTRO_AGENT_LOG_FOLDER" "logFolder" "ASTRO_AGENT_LOG_FORMAT" "logFormat" "ASTRO_AGENT_PYTHON" "tasks.python" "ASTRO_AGENT_WORKER_NAME" "the Pod's name (set by the chart)" -}}
+{{- $fromValues := dict "ASTRO_AGENT_SYNC_SLOTS" "syncSlots" "ASTRO_AGENT_QUEUES" "queues" "ASTRO_AGENT_DRAIN_TIMEOUT" "terminationGracePeriodSeconds and drainMarginSeconds" "ASTRO_AGENT_DRAIN_MARGIN" "drainMarginSeconds" "ASTRO_AGENT_ADMIN_MAX_CONNECTIONS" "adminServer.maxConnections" "ASTRO_AGENT_ADMIN_MAX_CONNECTIONS_PER_PEER" "adminServer.maxConnectionsPerPeer" "ASTRO_AGENT_ADMIN_RESERVED_CONNECTIONS" "adminServer.reservedConnections" "ASTRO_AGENT_LOG_FOLDER" "logFolder" "ASTRO_AGENT_LOG_FORMAT" "logFormat" "ASTRO_AGENT_PYTHON" "tasks.python" "ASTRO_AGENT_WORKER_NAME" "the Pod's name (set by the chart)" -}}
 {{- range $j, $e := $w.env | default list -}}
 {{- $n := toString (default "" $e.name) -}}
 {{- if hasKey $fromValues $n -}}
