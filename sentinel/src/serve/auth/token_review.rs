@@ -27,9 +27,9 @@
 //! are re-minted every hour, and after a restart no token is known): a token whose unverified
 //! payload claims an allowed username ([`claimed_username`]) is reviewed on a budget of its own,
 //! the same size, which the flood of tokens that claim nobody does not touch. The claim only
-//! picks the lane; the review decides. The cache is bounded and evicts single entries (least recently used,
-//! behind a frequency filter that keeps a token seen once from displacing one read at every
-//! poll), never the whole cache.
+//! picks the lane; the review decides. The cache is bounded and evicts single entries (least
+//! recently used, behind a frequency filter that keeps a token seen once from displacing one
+//! read at every poll), never the whole cache.
 
 use super::claimed_username::claimed_username;
 use super::jwt_shape::is_jwt_shaped;
