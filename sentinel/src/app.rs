@@ -7,7 +7,7 @@ use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::backlog::refresh_loop::RefreshLoop;
 use crate::config::file::{Config, WorkerConfig};
 use crate::config::ConfigError;
-use crate::history::clock::SystemClock;
+use crate::history::clock::{unix_ms, SystemClock, WallClock};
 use crate::history::instance::instance_name;
 use crate::history::persist;
 use crate::history::recorder::{HistoryRecorder, RecorderInputs};
@@ -491,7 +491,7 @@ fn start_history(
                     path.display()
                 ))));
             }
-            persist::load(path, workers)
+            persist::load(path, workers, unix_ms(SystemClock.now()))
         }
         None => HistoryData::default(),
     };

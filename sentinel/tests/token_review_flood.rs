@@ -2,16 +2,18 @@
 //! reach the API server, JWT-shaped ones cost at most the review budget (the others get 503
 //! with Retry-After, never 401), concurrent requests with one token share one review, and
 //! KEDA's token is answered throughout — from the cache, and past its TTL through the lane
-//! that tokens allowed before keep outside the budget.
+//! that tokens allowed before keep outside the budget; a token KEDA has just been given is
+//! reviewed on the budget of tokens that claim an allowed identity, which the flood does not
+//! spend; and a refusal is cached for moments, not for the whole TTL.
 
 mod common;
 
 use astro_sentinel::config::flags::KubernetesAccess;
-use astro_sentinel::serve::auth::token_review::{REVIEWS_PER_SECOND, REVIEW_BURST};
+use astro_sentinel::serve::auth::token_review::{REFUSAL_TTL, REVIEWS_PER_SECOND, REVIEW_BURST};
 use common::*;
 use futures_util::future::join_all;
 use std::time::{Duration, Instant};
-use test_kit::fake_kubernetes::{jwt_shaped, FakeKubernetes};
+use test_kit::fake_kubernetes::{jwt_shaped, service_account_jwt, FakeKubernetes};
 use test_kit::fake_rest_api::fake_airflow;
 use test_kit::keda::keda_get;
 use test_kit::{eventually, Answer, TempDir, TestServer};
@@ -253,27 +255,9 @@ async fn keda_is_reviewed_past_its_ttl_while_the_flood_spends_the_budget() {
     let s = setup("1s").await;
     let addr = s.sentinel.addr();
     s.keda_is_answered().await;
+    let mut flood_round = flood_rounds();
+    spend_the_budget(addr, &mut flood_round).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut next = 0;
-    let mut flood_round = || {
-        next += 1;
-        (0..ROUND)
-            .map(|i| jwt_shaped(&format!("round {next} token {i}")))
-            .collect::<Vec<_>>()
-    };
-
-    // Spend the budget.
-    loop {
-        let mut tally = Tally::default();
-        tally.count(round(addr, &flood_round()).await);
-        if tally.unavailable > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the review budget was never spent"
-        );
-    }
     // Keep it spent until KEDA's verdict has expired and been renewed.
     while s.keda_reviews() < 2 {
         let mut tally = Tally::default();
@@ -288,5 +272,102 @@ async fn keda_is_reviewed_past_its_ttl_while_the_flood_spends_the_budget() {
             "KEDA's verdict was never renewed"
         );
     }
+    s.sentinel.stop().await;
+}
+
+/// Flood rounds of fresh JWT-shaped tokens, each round different.
+fn flood_rounds() -> impl FnMut() -> Vec<String> {
+    let mut next = 0;
+    move || {
+        next += 1;
+        (0..ROUND)
+            .map(|i| jwt_shaped(&format!("round {next} token {i}")))
+            .collect()
+    }
+}
+
+/// Sends flood rounds until one is answered 503: the budget of unknown tokens is spent.
+async fn spend_the_budget(
+    addr: std::net::SocketAddr,
+    flood_round: &mut impl FnMut() -> Vec<String>,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut tally = Tally::default();
+        tally.count(round(addr, &flood_round()).await);
+        if tally.unavailable > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the review budget was never spent"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_keda_was_just_given_is_reviewed_ahead_of_the_flood() {
+    let s = setup("10m").await;
+    let addr = s.sentinel.addr();
+    s.keda_is_answered().await;
+    let mut flood_round = flood_rounds();
+    spend_the_budget(addr, &mut flood_round).await;
+
+    // KEDA's token is re-minted (or KEDA restarted): a token nobody vouched for yet.
+    for rotation in 0..3 {
+        let new_token = service_account_jwt(KEDA_SA, &format!("rotation {rotation}"));
+        s.fake_kube
+            .users
+            .lock()
+            .unwrap()
+            .insert(new_token.clone(), KEDA_SA.into());
+        let flood_tokens = flood_round();
+        let mut tally = Tally::default();
+        let (flood, keda) = tokio::join!(
+            round(addr, &flood_tokens),
+            keda_get(addr, PATH, Some(&new_token))
+        );
+        tally.count(flood);
+        assert!(
+            tally.unavailable > 0,
+            "the budget recovered during the flood"
+        );
+        assert_eq!(
+            keda.status, 200,
+            "KEDA's new token during the flood, at once: {}",
+            keda.body
+        );
+    }
+    s.sentinel.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_cached_for_moments_not_for_the_ttl() {
+    let s = setup("10m").await;
+    let addr = s.sentinel.addr();
+    // A token the API server does not know yet, say one minted a moment ago.
+    let early = service_account_jwt(KEDA_SA, "minted just now");
+    for _ in 0..3 {
+        let a = keda_get(addr, PATH, Some(&early)).await;
+        assert_eq!(a.status, 401, "{}", a.body);
+    }
+    assert_eq!(s.fake_kube.reviews(), 1, "the refusal is cached");
+    let refused = Instant::now();
+    s.fake_kube
+        .users
+        .lock()
+        .unwrap()
+        .insert(early.clone(), KEDA_SA.into());
+    eventually(REFUSAL_TTL * 3, "the refusal to expire", || async {
+        (keda_get(addr, PATH, Some(&early)).await.status == 200).then_some(())
+    })
+    .await;
+    let waited = refused.elapsed();
+    eprintln!("refused, then accepted {waited:.2?} later (TTL 10m)");
+    assert!(
+        waited >= REFUSAL_TTL - Duration::from_millis(500),
+        "{waited:?}"
+    );
+    assert_eq!(s.fake_kube.reviews(), 2);
     s.sentinel.stop().await;
 }

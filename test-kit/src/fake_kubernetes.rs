@@ -167,3 +167,23 @@ pub fn jwt_shaped(seed: &str) -> String {
         hex("signature")
     )
 }
+
+/// A token shaped and filled like the one the API server mints for service account `username`
+/// (`system:serviceaccount:<namespace>:<name>`): its payload claims `sub` and `kubernetes.io`,
+/// and `seed` makes each one different, as each minting does. Signed with a key no API server
+/// has: only this fake's table says whether it is valid.
+pub fn service_account_jwt(username: &str, seed: &str) -> String {
+    let mut parts = username.splitn(4, ':').skip(2);
+    let (namespace, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let claims = serde_json::json!({
+        "sub": username,
+        "jti": seed,
+        "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": name, "uid": seed}},
+    });
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(b"not the API server's key"),
+    )
+    .expect("claims serialise")
+}

@@ -21,6 +21,11 @@ SECRET_FILES = {
 }
 
 
+def reads_queue_stats(values, w):
+    """Whether the worker's agent gets the REST API: only for the queue stats its HPA scales on."""
+    return w["mode"] == "hpa" and w["hpa"]["metric"]["enabled"] and bool(values["airflow"]["restApi"]["url"])
+
+
 def _setting(values, path):
     node = values["airflow"]
     for p in path:
@@ -36,7 +41,7 @@ def test_secret_settings_reach_the_agent_through_secret_refs(chart, name):
         env = env_of(container(r.get("Deployment", w["deployment"]), "agent"))
         for var, path in SECRET_ENV.items():
             setting = _setting(values, path)
-            if path[0] == "restApi" and not values["airflow"]["restApi"]["url"]:
+            if path[0] == "restApi" and not reads_queue_stats(values, w):
                 assert var not in env
                 continue
             if setting["existingSecret"]["name"]:
@@ -60,7 +65,7 @@ def test_credentials_reach_the_agent_as_files_never_as_variables(chart, name):
         for var in SECRET_FILES:
             assert var.removesuffix("_FILE") not in env, f"{var} as a variable"
         given = {var: _setting(values, path) for var, path in SECRET_FILES.items()
-                 if (path[0] != "restApi" or values["airflow"]["restApi"]["url"])
+                 if (path[0] != "restApi" or reads_queue_stats(values, w))
                  and (_setting(values, path)["value"] or _setting(values, path)["existingSecret"]["name"])}
         if not given:
             assert not any(v["name"] == "airflow-credentials" for v in deploy["spec"]["template"]["spec"]["volumes"])
@@ -167,8 +172,10 @@ def test_credentials_and_the_agents_settings_are_in_the_agent_container_only(cha
             if var in env:
                 for other in deploy["spec"]["template"]["spec"]["initContainers"]:
                     assert var not in env_of(other), (other["name"], var)
-        if values["airflow"]["restApi"]["url"]:
+        if reads_queue_stats(values, w):
             assert env["ASTRO_AGENT_REST_API_URL"]["value"] == values["airflow"]["restApi"]["url"]
+        else:
+            assert "ASTRO_AGENT_REST_API_URL" not in env
         for e in w["env"]:
             assert env[e["name"]] == e
         assert agent.get("envFrom", []) == w["envFrom"]
@@ -195,3 +202,33 @@ def test_no_secret_value_outside_secrets(chart, name):
         text = dump(doc)
         for s in secrets:
             assert s not in text, f"{doc['kind']}/{doc['metadata']['name']} contains a secret value"
+
+
+def test_only_an_hpa_scaled_on_queue_stats_gives_its_pods_the_rest_api(chart):
+    """The REST API credentials are the Sentinel's and the queue stats': a KEDA-scaled worker's
+    Pods (and a fixed one's) have neither the URL nor a credential, in a variable or a file."""
+    values, workers = effective("mixed")
+    r = chart.render(scenario("mixed"))
+    modes = {w["mode"] for w in workers}
+    assert {"keda", "hpa", "fixed"} <= modes, modes
+    rest_secrets = {(s["existingSecret"]["name"], s["existingSecret"]["key"])
+                    for s in (values["airflow"]["restApi"][k] for k in ("token", "username", "password"))
+                    if s["existingSecret"]["name"]}
+    for w in workers:
+        deploy = r.get("Deployment", w["deployment"])
+        pod = deploy["spec"]["template"]["spec"]
+        env = env_of(container(deploy, "agent"))
+        rest_env = {name for name in env if name.startswith("ASTRO_AGENT_REST_API_")}
+        sources = [(src["secret"]["name"], item["key"])
+                   for v in pod["volumes"] if v["name"] == "airflow-credentials"
+                   for src in v["projected"]["sources"] for item in src["secret"]["items"]]
+        refs = [(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+                for e in env.values() if "secretKeyRef" in e.get("valueFrom", {})]
+        rest_given = [s for s in sources + refs if s in rest_secrets or s[1].startswith("rest-api-")]
+        if w["mode"] == "hpa":
+            assert rest_env == {"ASTRO_AGENT_REST_API_URL", "ASTRO_AGENT_REST_API_USERNAME",
+                                "ASTRO_AGENT_REST_API_PASSWORD_FILE"}, (w["name"], rest_env)
+            assert rest_given, w["name"]
+        else:
+            assert not rest_env, (w["name"], rest_env)
+            assert not rest_given, (w["name"], rest_given)

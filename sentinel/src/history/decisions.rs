@@ -140,6 +140,8 @@ impl DecisionLog {
     }
 
     fn push(&mut self, decision: Decision) {
+        // Entries stay in time order: any dated after this one came from a clock that ran ahead.
+        self.drop_after(decision.at_ms);
         if self.entries.len() == MAX_DECISIONS {
             self.entries.pop_front();
         }
@@ -155,6 +157,14 @@ impl DecisionLog {
         while self.entries.front().is_some_and(|d| d.at_ms < cutoff_ms) {
             self.entries.pop_front();
         }
+    }
+
+    /// Drops the entries dated after `last_ms`; returns how many.
+    pub fn drop_after(&mut self, last_ms: u64) -> usize {
+        let kept = self.entries.partition_point(|d| d.at_ms <= last_ms);
+        let dropped = self.entries.len() - kept;
+        self.entries.truncate(kept);
+        dropped
     }
 
     /// Entries at or after `from_ms`, oldest first.

@@ -9,6 +9,12 @@
 //! is corrupt, from another format version or with another tier layout is logged and ignored:
 //! the Sentinel starts with an empty history rather than a wrong one (and never fails to
 //! start because of it).
+//!
+//! Two guards on loading: a file larger than the configured workers' history can ever take
+//! ([`max_file_bytes`]) is not read at all, so a wrong or hostile file cannot exhaust the
+//! Sentinel's memory; and what the file dates more than [`FUTURE_TOLERANCE`] after now (saved
+//! by a clock that ran ahead) is dropped, as it would otherwise hold its place at the head of
+//! every tier.
 
 use super::decisions::MAX_DECISIONS;
 use super::store::{History, HistoryData};
@@ -18,7 +24,7 @@ use crate::config::file::WorkerConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +35,23 @@ const MAGIC: &[u8; 8] = b"ASTROHST";
 const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 32;
 pub const SAVE_INTERVAL: Duration = Duration::from_secs(60);
+/// How far past now a loaded bucket or decision may be dated: clocks of two nodes disagree a
+/// little, never by this much.
+pub const FUTURE_TOLERANCE: Duration = Duration::from_secs(300);
+
+/// The most bytes one worker's history can take in the file: every bucket of every tier and
+/// every decision present, each integer at postcard's longest (5 bytes a u32, 10 a u64), and
+/// room for the worker's name and the lengths. A bucket is 18 u32; a decision a u64, two enum
+/// tags and 8 u32.
+const MAX_WORKER_BYTES: usize =
+    (TIERS[0].capacity + TIERS[1].capacity + TIERS[2].capacity) * 18 * 5
+        + MAX_DECISIONS * (10 + 2 * 5 + 8 * 5)
+        + 1024;
+
+/// The largest file the history of `workers` configured workers can make.
+pub fn max_file_bytes(workers: usize) -> usize {
+    HEADER_LEN + workers.max(1) * MAX_WORKER_BYTES
+}
 
 /// The payload, written from a borrow of the data...
 #[derive(Serialize)]
@@ -117,11 +140,31 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(folder)?.sync_all()
 }
 
-/// The history saved at `path`, keeping only the configured workers; empty when there is no
-/// file or it cannot be used (logged).
-pub fn load(path: &Path, workers: &[WorkerConfig]) -> HistoryData {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
+/// The history saved at `path`, keeping only the configured workers and what is dated up to
+/// `now_ms` (within [`FUTURE_TOLERANCE`]); empty when there is no file or it cannot be used
+/// (logged).
+pub fn load(path: &Path, workers: &[WorkerConfig], now_ms: u64) -> HistoryData {
+    load_within(path, workers, now_ms, max_file_bytes(workers.len()))
+}
+
+fn load_within(
+    path: &Path,
+    workers: &[WorkerConfig],
+    now_ms: u64,
+    max_bytes: usize,
+) -> HistoryData {
+    let bytes = match read_at_most(path, max_bytes) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => {
+            tracing::warn!(
+                path = %path.display(),
+                max_bytes,
+                workers = workers.len(),
+                "history.path: the saved history is larger than the configured workers' history can be; \
+                 not read, starting empty (it is replaced at the next save)"
+            );
+            return HistoryData::default();
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::info!(path = %path.display(), "no saved history yet; recording from now");
             return HistoryData::default();
@@ -136,6 +179,20 @@ pub fn load(path: &Path, workers: &[WorkerConfig]) -> HistoryData {
             let before = data.workers.len();
             data.workers
                 .retain(|name, _| workers.iter().any(|w| &w.name == name));
+            let latest_ms = now_ms.saturating_add(FUTURE_TOLERANCE.as_millis() as u64);
+            let from_the_future: usize = data
+                .workers
+                .values_mut()
+                .map(|w| w.drop_after(latest_ms))
+                .sum();
+            if from_the_future > 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    dropped = from_the_future,
+                    "the saved history holds buckets and decisions dated after now (saved by a clock \
+                     that ran ahead); they are dropped"
+                );
+            }
             tracing::info!(
                 path = %path.display(),
                 workers = data.workers.len(),
@@ -149,6 +206,16 @@ pub fn load(path: &Path, workers: &[WorkerConfig]) -> HistoryData {
             HistoryData::default()
         }
     }
+}
+
+/// The bytes of `path`, or `None` when it holds more than `max_bytes` (then at most one byte
+/// more is read).
+fn read_at_most(path: &Path, max_bytes: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max_bytes as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok((bytes.len() <= max_bytes).then_some(bytes))
 }
 
 /// Encodes under the history's lock and writes outside it, off the async threads.
@@ -197,6 +264,8 @@ mod tests {
     use super::*;
 
     const T0_MS: u64 = 1_800_000_000_000;
+    /// An hour after [`data`] begins.
+    const NOW_MS: u64 = T0_MS + 3_600_000;
 
     fn data() -> HistoryData {
         let mut h = WorkerHistory::default();
@@ -240,7 +309,7 @@ mod tests {
         assert_eq!(decode(&encode(&original)).unwrap(), original);
         let (_dir, path) = temp_path("round-trip");
         write_atomically(&path, &encode(&original)).unwrap();
-        let loaded = load(&path, &workers(&["astro-worker-default"]));
+        let loaded = load(&path, &workers(&["astro-worker-default"]), NOW_MS);
         assert_eq!(
             loaded.workers.len(),
             1,
@@ -307,14 +376,107 @@ mod tests {
     fn loading_a_corrupt_or_missing_file_starts_empty() {
         let (_dir, path) = temp_path("corrupt");
         let all = workers(&["astro-worker-default"]);
-        assert_eq!(load(&path, &all), HistoryData::default(), "no file yet");
+        assert_eq!(
+            load(&path, &all, NOW_MS),
+            HistoryData::default(),
+            "no file yet"
+        );
         let mut bytes = encode(&data());
         bytes[HEADER_LEN + 3] ^= 0x40;
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(load(&path, &all), HistoryData::default());
+        assert_eq!(load(&path, &all, NOW_MS), HistoryData::default());
         // The next save replaces it.
         write_atomically(&path, &encode(&data())).unwrap();
-        assert_eq!(load(&path, &all).workers.len(), 1);
+        assert_eq!(load(&path, &all, NOW_MS).workers.len(), 1);
+    }
+
+    #[test]
+    fn a_file_larger_than_the_workers_history_can_be_is_not_read() {
+        let (_dir, path) = temp_path("large");
+        let bytes = encode(&data());
+        std::fs::write(&path, &bytes).unwrap();
+        let all = workers(&["astro-worker-default"]);
+        let loaded = load_within(&path, &all, NOW_MS, bytes.len());
+        assert_eq!(loaded.workers.len(), 1, "at the cap");
+        let refused = load_within(&path, &all, NOW_MS, bytes.len() - 1);
+        assert_eq!(refused, HistoryData::default(), "over the cap");
+    }
+
+    #[test]
+    fn the_cap_holds_a_worker_history_at_its_fullest() {
+        // Every bucket of 14 days and every decision, with long numbers.
+        let mut h = WorkerHistory::default();
+        for i in 0..14 * 8640u64 {
+            let (backlog, workers) = if i % 2 == 0 {
+                (1, 7)
+            } else {
+                (u32::MAX / 2, u32::MAX / 4)
+            };
+            let s = with_cluster(sample(backlog), workers, workers, workers);
+            h.record(
+                T0_MS + i * 10_000,
+                &s,
+                u32::MAX / 2,
+                DecisionSource::Postgres,
+            );
+        }
+        let mut d = HistoryData::default();
+        d.workers.insert("w".repeat(253), h);
+        let size = encode(&d).len();
+        assert!(
+            size <= max_file_bytes(1),
+            "{size} bytes over {}",
+            max_file_bytes(1)
+        );
+    }
+
+    #[test]
+    fn what_the_file_dates_after_now_is_dropped_and_recording_goes_on() {
+        use super::super::range::HistoryRange;
+        let mut ahead = data();
+        let history = ahead.workers.get_mut("astro-worker-default").unwrap();
+        // Saved by a clock two days ahead.
+        let two_days_ms = 2 * 86_400_000;
+        history.record(
+            NOW_MS + two_days_ms,
+            &sample(20),
+            2000,
+            DecisionSource::Postgres,
+        );
+        history.record(
+            NOW_MS + two_days_ms + 2000,
+            &sample(4),
+            2000,
+            DecisionSource::Postgres,
+        );
+        let (_dir, path) = temp_path("ahead");
+        write_atomically(&path, &encode(&ahead)).unwrap();
+
+        let mut loaded = load(&path, &workers(&["astro-worker-default"]), NOW_MS);
+        let history = loaded.workers.get_mut("astro-worker-default").unwrap();
+        let latest_ms = NOW_MS + FUTURE_TOLERANCE.as_millis() as u64;
+        for range in HistoryRange::ALL {
+            let window = history.window(range, NOW_MS + 3 * 86_400_000);
+            assert!(
+                window
+                    .buckets
+                    .iter()
+                    .all(|b| u64::from(b.start_s) * 1000 <= latest_ms),
+                "{range:?} keeps a bucket from the clock ahead"
+            );
+        }
+        assert_eq!(history.decisions().since(latest_ms + 1).count(), 0);
+        assert!(history.decisions().since(0).count() > 0, "the rest is kept");
+        // Recording at now lands in every tier.
+        history.record(NOW_MS, &sample(8), 2000, DecisionSource::Postgres);
+        for range in HistoryRange::ALL {
+            let window = history.window(range, NOW_MS);
+            let last = window.buckets.last().expect("a bucket");
+            assert!(
+                u64::from(last.start_s) * 1000 > NOW_MS - 1_800_000,
+                "{range:?}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -342,7 +504,8 @@ mod tests {
         assert_eq!(
             load(
                 &path,
-                &workers(&["astro-worker-default", "astro-worker-etl"])
+                &workers(&["astro-worker-default", "astro-worker-etl"]),
+                NOW_MS
             ),
             data(),
             "saved on shutdown"

@@ -170,12 +170,16 @@ impl Tier {
         let width = u64::from(spec.width_s);
         let start_s = u32::try_from(at_ms / 1000 / width * width).unwrap_or(u32::MAX);
         let span_s = u64::from(spec.width_s) * spec.capacity as u64;
-        let newest = self
+        let mut newest = self
             .buckets
             .back()
             .map_or(start_s, |b| b.start_s.max(start_s));
         if u64::from(start_s) + span_s <= u64::from(newest) {
-            return; // the wall clock went back further than this tier keeps
+            // The wall clock went back further than this tier keeps: the buckets ahead of it
+            // were stamped by a clock that ran ahead. Keeping them would drop every sample
+            // until the clock caught up with them — a frozen tier — so they go instead.
+            self.drop_after(start_s);
+            newest = start_s;
         }
         // Drop what falls out of the span before adding, so the length never passes capacity.
         while self
@@ -200,6 +204,14 @@ impl Tier {
                 self.buckets.insert(index, bucket);
             }
         }
+    }
+
+    /// Drops the buckets that start after `last_start_s`; returns how many.
+    pub fn drop_after(&mut self, last_start_s: u32) -> usize {
+        let kept = self.buckets.partition_point(|b| b.start_s <= last_start_s);
+        let dropped = self.buckets.len() - kept;
+        self.buckets.truncate(kept);
+        dropped
     }
 
     /// The buckets starting within `first_start_s..=last_start_s`, oldest first.
@@ -284,9 +296,28 @@ mod tests {
         tier.add(FINE, T0_MS + 30_000, &sample(4), 10_000);
         assert_eq!(tier.window(0, u64::MAX).count(), 3);
         assert!(tier.fits(FINE));
-        // Further back than the tier keeps: ignored.
-        tier.add(FINE, T0_MS - 3_600_000, &sample(4), 10_000);
-        assert_eq!(tier.window(0, u64::MAX).count(), 3);
+    }
+
+    #[test]
+    fn a_clock_that_went_back_further_than_the_span_does_not_freeze_the_tier() {
+        let mut tier = Tier::default();
+        // Stamped by a clock a day ahead.
+        tier.add(FINE, T0_MS + 86_400_000, &sample(4), 10_000);
+        for i in 0..3 {
+            tier.add(FINE, T0_MS + i * 10_000, &sample(4), 10_000);
+        }
+        let starts: Vec<u64> = tier
+            .window(0, u64::MAX)
+            .map(|b| u64::from(b.start_s))
+            .collect();
+        assert_eq!(
+            starts,
+            vec![T0_MS / 1000, T0_MS / 1000 + 10, T0_MS / 1000 + 20],
+            "recording goes on; the bucket from the clock ahead is gone"
+        );
+        assert!(tier.fits(FINE));
+        assert_eq!(tier.drop_after((T0_MS / 1000 + 10) as u32), 1);
+        assert_eq!(tier.window(0, u64::MAX).count(), 2);
     }
 
     #[test]

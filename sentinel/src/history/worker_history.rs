@@ -67,6 +67,21 @@ impl WorkerHistory {
         self.first_sample_ms.map(|first| first.max(kept_from))
     }
 
+    /// Drops what is dated after `last_ms` (stamped by a clock that ran ahead); returns how
+    /// many buckets and decisions went.
+    pub fn drop_after(&mut self, last_ms: u64) -> usize {
+        let last_start_s = u32::try_from(last_ms / 1000).unwrap_or(u32::MAX);
+        let buckets: usize = self
+            .tiers
+            .iter_mut()
+            .map(|t| t.drop_after(last_start_s))
+            .sum();
+        if self.first_sample_ms.is_some_and(|first| first > last_ms) {
+            self.first_sample_ms = None;
+        }
+        buckets + self.decisions.drop_after(last_ms)
+    }
+
     /// Whether a history read from disk has the shape this version writes.
     pub fn fits(&self) -> bool {
         self.tiers.iter().zip(TIERS).all(|(t, spec)| t.fits(spec)) && self.decisions.fits()

@@ -10,6 +10,7 @@
 //! of them and TokenReview is configured, the API server decides. Tokens are never logged, and
 //! a 401 never says why the token was refused (the reason goes to the debug log).
 
+mod claimed_username;
 mod jwt_shape;
 pub mod static_tokens;
 pub mod token_review;

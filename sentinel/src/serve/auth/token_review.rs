@@ -12,7 +12,10 @@
 //!
 //! Verdicts are cached by the token's SHA-256 for a short TTL (well under the one-hour life of
 //! KEDA's tokens), so KEDA's polling costs the API server one review per token per TTL. A
-//! failed review (API server unreachable, our own credentials refused) is not cached.
+//! refusal (401, 403) is cached for [`REFUSAL_TTL`] at most: long enough that repeating a
+//! refused token costs no review per request, short enough that a token the API server did not
+//! know yet (a token minted a moment ago, an allow-list being fixed) is not refused for a whole
+//! TTL. A failed review (API server unreachable, our own credentials refused) is not cached.
 //!
 //! Unknown tokens cannot make the API server work for anyone who can reach the port: a token
 //! that is not JWT-shaped is refused without a review; concurrent requests with one token share
@@ -20,10 +23,15 @@
 //! [`REVIEWS_PER_SECOND`] (bursts of [`REVIEW_BURST`]), and past it the request is answered
 //! 503 with Retry-After — the token could not be checked, which says nothing against it. A
 //! token allowed before is re-reviewed outside the budget when its verdict expires, so a flood
-//! cannot lock KEDA out. The cache is bounded and evicts single entries (least recently used,
-//! behind a frequency filter that keeps a token seen once from displacing one read at every
-//! poll), never the whole cache.
+//! cannot lock KEDA out. Nor can it lock out a token KEDA has just been given (its bound tokens
+//! are re-minted every hour, and after a restart no token is known): a token whose unverified
+//! payload claims an allowed username ([`claimed_username`]) is reviewed on a budget of its own,
+//! the same size, which the flood of tokens that claim nobody does not touch. The claim only
+//! picks the lane; the review decides. The cache is bounded and evicts single entries (least
+//! recently used, behind a frequency filter that keeps a token seen once from displacing one
+//! read at every poll), never the whole cache.
 
+use super::claimed_username::claimed_username;
 use super::jwt_shape::is_jwt_shaped;
 use super::static_tokens::{hash, TokenHash};
 use governor::clock::Clock;
@@ -32,10 +40,11 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use kube::Api;
 use moka::future::Cache;
+use moka::Expiry;
 use prometheus::IntCounterVec;
 use std::collections::HashSet;
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bounds the verdict cache (a flood of random tokens cannot grow memory).
@@ -44,6 +53,8 @@ const MAX_CACHED_VERDICTS: u64 = 4096;
 pub const REVIEWS_PER_SECOND: u32 = 20;
 /// Reviews that may go out at once, e.g. for every ScaledObject's token when KEDA starts.
 pub const REVIEW_BURST: u32 = 100;
+/// How long a refusal (401, 403) is cached, at most.
+pub const REFUSAL_TTL: Duration = Duration::from_secs(5);
 /// How many allowed tokens keep their place outside the budget, and for how long unused.
 const MAX_VOUCHED_TOKENS: u64 = 1024;
 const VOUCHED_IDLE: Duration = Duration::from_secs(3600);
@@ -83,9 +94,12 @@ pub struct TokenReviewer {
     allowed: HashSet<String>,
     audiences: Vec<String>,
     verdicts: Cache<TokenHash, Verdict>,
-    /// Tokens the last review allowed: their re-reviews skip the budget.
+    /// Tokens the last review allowed: their re-reviews skip the budgets.
     vouched: Cache<TokenHash, ()>,
+    /// Reviews of tokens that claim no allowed username.
     budget: DefaultDirectRateLimiter,
+    /// Reviews of tokens that claim an allowed username (unverified until reviewed).
+    claimed_budget: DefaultDirectRateLimiter,
     counters: ReviewCounters,
 }
 
@@ -103,16 +117,14 @@ impl TokenReviewer {
             audiences: audiences.to_vec(),
             verdicts: Cache::builder()
                 .max_capacity(MAX_CACHED_VERDICTS)
-                .time_to_live(ttl)
+                .expire_after(VerdictExpiry { ttl })
                 .build(),
             vouched: Cache::builder()
                 .max_capacity(MAX_VOUCHED_TOKENS)
                 .time_to_idle(VOUCHED_IDLE)
                 .build(),
-            budget: RateLimiter::direct(
-                Quota::per_second(NonZeroU32::new(REVIEWS_PER_SECOND).expect("not zero"))
-                    .allow_burst(NonZeroU32::new(REVIEW_BURST).expect("not zero")),
-            ),
+            budget: review_budget(),
+            claimed_budget: review_budget(),
             counters,
         }
     }
@@ -135,13 +147,17 @@ impl TokenReviewer {
 
     async fn review_now(&self, key: TokenHash, token: &str) -> Result<Verdict, ReviewError> {
         if self.vouched.get(&key).await.is_none() {
-            if let Err(not_until) = self.budget.check() {
+            let budget = match claimed_username(token) {
+                Some(claimed) if self.allowed.contains(&claimed) => &self.claimed_budget,
+                _ => &self.budget,
+            };
+            if let Err(not_until) = budget.check() {
                 self.counters
                     .skipped
                     .with_label_values(&["rate_limited"])
                     .inc();
                 return Err(ReviewError::Busy {
-                    retry_after: not_until.wait_time_from(self.budget.clock().now()),
+                    retry_after: not_until.wait_time_from(budget.clock().now()),
                 });
             }
         }
@@ -212,6 +228,32 @@ impl TokenReviewer {
             Verdict::Allowed { username }
         } else {
             Verdict::NotAllowed { username }
+        })
+    }
+}
+
+fn review_budget() -> DefaultDirectRateLimiter {
+    RateLimiter::direct(
+        Quota::per_second(NonZeroU32::new(REVIEWS_PER_SECOND).expect("not zero"))
+            .allow_burst(NonZeroU32::new(REVIEW_BURST).expect("not zero")),
+    )
+}
+
+/// An allowed verdict lives for the TTL; a refusal for [`REFUSAL_TTL`] at most.
+struct VerdictExpiry {
+    ttl: Duration,
+}
+
+impl Expiry<TokenHash, Verdict> for VerdictExpiry {
+    fn expire_after_create(
+        &self,
+        _token: &TokenHash,
+        verdict: &Verdict,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        Some(match verdict {
+            Verdict::Allowed { .. } => self.ttl,
+            Verdict::NotAllowed { .. } | Verdict::Invalid { .. } => self.ttl.min(REFUSAL_TTL),
         })
     }
 }

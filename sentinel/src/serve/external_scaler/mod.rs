@@ -9,12 +9,17 @@
 //!   except a TLS client certificate (`tlsClientCert` / `tlsClientKey` of a
 //!   TriggerAuthentication), so unless `auth.disabled` is true the port requires mutual TLS:
 //!   a client certificate signed by `--external-scaler-client-ca`.
-//! * [`server`]: serves it on its own port until shutdown.
+//! * [`server`]: serves it on its own port until shutdown, within limits: connections capped
+//!   in all and per address ([`admission`]) and cut when silent ([`silent_timeout`]), accepted
+//!   by [`incoming`].
 //!
 //! [`worker_answer`]: crate::backlog::worker_view::worker_answer
 
+pub mod admission;
+mod incoming;
 pub mod server;
 pub mod service;
+mod silent_timeout;
 pub mod tls;
 
 /// The code generated from `proto/externalscaler.proto` (see `build.rs`).

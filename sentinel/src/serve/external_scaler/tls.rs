@@ -12,6 +12,7 @@ use crate::config::ConfigError;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -138,6 +139,15 @@ impl ExternalScalerSettings {
         }
         Ok(Some(tls))
     }
+}
+
+/// How long a client may take over its TLS handshake: one that starts it and stops (or drips
+/// a byte now and then) would otherwise hold its connection for as long as it likes.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `tls`, with handshakes cut after [`HANDSHAKE_TIMEOUT`].
+pub fn with_handshake_timeout(tls: ServerTlsConfig) -> ServerTlsConfig {
+    tls.timeout(HANDSHAKE_TIMEOUT)
 }
 
 fn read(path: &Path, flag: &str) -> Result<Vec<u8>, ConfigError> {
