@@ -62,9 +62,11 @@ async fn expected_slots_lead_a_scheduled_run_until_its_work_is_queued() {
     fake.set("default", 0, 0);
     let mut sentinel = start_against(upstream.addr, YAML, None).await;
     let run_after = humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(2));
-    sentinel.read_schedule(Arc::new(OneDag {
-        run_after: run_after.to_string(),
-    }));
+    sentinel
+        .read_schedule(Arc::new(OneDag {
+            run_after: run_after.to_string(),
+        }))
+        .await;
     let addr = sentinel.addr();
 
     let warm = eventually(Duration::from_secs(5), "expected slots", || async {

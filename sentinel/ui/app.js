@@ -471,9 +471,22 @@
     $("recorded-by").textContent = since
       ? `Recorded by ${h.recordedBy} since ${dateAndTime(since)}. Each Sentinel replica keeps its own record.`
       : `Recorded by ${h.recordedBy}, which has not recorded anything for this worker yet.`;
+    $("history-kept").textContent = keptText(h.historyKept, h.scaledBy);
 
     renderColdStarts(h.coldStarts || { starts: [], phases: [] });
     renderDecisions(h.decisions || [], (h.preWarm && h.preWarm.entries) || []);
+  }
+
+  // Where the history lives and what scales the pool: what a reader needs to trust it.
+  function keptText(kept, scaledBy) {
+    const where = {
+      memory: "This history is kept in memory only: it is lost when the Sentinel restarts.",
+      pod: "This history is volatile: it is kept in the Pod's own volume and lost when the Pod goes.",
+    }[kept] || "";
+    const hpa = scaledBy === "hpa"
+      ? "An HPA scales this pool: KEDA does not read it from the Sentinel, which only records it."
+      : "";
+    return [where, hpa].filter(Boolean).join(" ");
   }
 
   function seconds(ms) {

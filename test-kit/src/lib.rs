@@ -15,6 +15,7 @@ pub mod fake_rest_api;
 pub mod keda;
 pub mod port;
 pub mod raw_http;
+pub mod sentinel_process;
 pub mod server;
 pub mod task_host_process;
 pub mod temp_dir;

@@ -26,6 +26,8 @@ from conftest import (
 SENTINEL_CONFIG_KEYS = {"refreshInterval", "stalenessLimit", "source", "auth", "workers", "kubernetes", "history",
                         "schedule", "queueEvents"}
 SENTINEL_WORKER_KEYS = {"name", "queues", "syncSlots", "minReplicas", "maxReplicas", "preWarm"}
+# An HPA-scaled worker is recorded, not read by KEDA: no pre-warm, and it says what scales it.
+SENTINEL_HPA_WORKER_KEYS = {"name", "queues", "syncSlots", "minReplicas", "maxReplicas", "scaledBy"}
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)
@@ -42,11 +44,15 @@ def test_sentinel_worker_list_matches_the_keda_workers(chart, name):
         {"name": w["deployment"], "queues": w["queues"], "syncSlots": w["syncSlots"],
          "minReplicas": w["keda"]["minReplicaCount"], "maxReplicas": w["keda"]["maxReplicaCount"],
          "preWarm": {"enabled": w["preWarm"]["enabled"]}}
-        for w in workers if w["mode"] == "keda"
+        if w["mode"] == "keda" else
+        {"name": w["deployment"], "queues": w["queues"], "syncSlots": w["syncSlots"],
+         "minReplicas": w["hpa"]["minReplicaCount"], "maxReplicas": w["hpa"]["maxReplicaCount"],
+         "scaledBy": "hpa"}
+        for w in workers if w["mode"] in ("keda", "hpa")
     ]
     assert config["workers"] == expected
     for entry in config["workers"]:
-        assert set(entry) == SENTINEL_WORKER_KEYS
+        assert set(entry) == (SENTINEL_HPA_WORKER_KEYS if "scaledBy" in entry else SENTINEL_WORKER_KEYS)
     # Empty: half a second with postgres (one query for every queue), two with the REST API.
     default_refresh = "500ms" if values["sentinel"]["source"]["type"] == "postgres" else "2s"
     assert config["refreshInterval"] == (values["sentinel"]["refreshInterval"] or default_refresh)
@@ -129,21 +135,83 @@ def test_sentinel_history_file_lives_on_its_volume(chart, name):
     assert file_name == "history.bin"
     assert mounts["history"]["mountPath"] == folder
     assert not mounts["history"].get("readOnly")
-    if history["existingClaim"]:
-        assert volumes["history"]["persistentVolumeClaim"] == {"claimName": history["existingClaim"]}
+    claim = history["existingClaim"] or (
+        f"{values['resourceNamePrefix']}-sentinel-history" if history["persistence"]["mode"] == "pvc" else None)
+    strategy = sentinel["spec"].get("strategy", {}).get("type")
+    if claim:
+        assert volumes["history"]["persistentVolumeClaim"] == {"claimName": claim}
+        assert "volatile" not in config["history"]
+        assert strategy == "Recreate", "the old Pod lets the claim go before the new one starts"
+        assert "fsGroup" in sentinel["spec"]["template"]["spec"]["securityContext"]
     else:
+        # `auto` without a cluster to ask (helm template): an emptyDir, and the Sentinel knows.
         assert volumes["history"]["emptyDir"] == {}
+        assert config["history"]["volatile"] is True
+        assert strategy is None
 
 
-def test_sentinel_history_default_is_an_empty_dir_and_a_claim_needs_one_replica(chart):
+def _history(r, prefix="astro"):
+    pod = r.get("Deployment", f"{prefix}-sentinel")
+    (volume,) = [v for v in pod["spec"]["template"]["spec"]["volumes"] if v["name"] == "history"]
+    return pod, volume, r.maybe("PersistentVolumeClaim", f"{prefix}-sentinel-history")
+
+
+def test_sentinel_history_is_on_by_default_and_a_claim_needs_one_replica(chart):
     base = scenario("keda-static")
-    r = chart.render(base, sets=["sentinel.history.enabled=true", "sentinel.replicaCount=2"])
-    pod = r.get("Deployment", "astro-sentinel")["spec"]["template"]["spec"]
-    (volume,) = [v for v in pod["volumes"] if v["name"] == "history"]
+    r = chart.render(base, sets=["sentinel.replicaCount=2"])
+    _, volume, pvc = _history(r)
     assert volume == {"name": "history", "emptyDir": {}}, "one per replica"
-    err = chart.render_error(base, sets=["sentinel.history.enabled=true", "sentinel.replicaCount=2",
-                                         "sentinel.history.existingClaim=history"])
+    assert pvc is None
+    err = chart.render_error(base, sets=["sentinel.replicaCount=2", "sentinel.history.existingClaim=history"])
     assert "sentinel.history.existingClaim" in err and "replicaCount" in err, err
+    err = chart.render_error(base, sets=["sentinel.replicaCount=2", "sentinel.history.persistence.mode=pvc"])
+    assert "sentinel.history.persistence.mode" in err and "replicaCount" in err, err
+    err = chart.render_error(base, sets=["sentinel.history.persistence.mode=disk"])
+    assert "/sentinel/history/persistence/mode" in err, err
+
+
+def test_sentinel_history_claim_made_by_the_chart(chart):
+    r = chart.render(scenario("keda-static"), sets=[
+        "sentinel.history.persistence.mode=pvc", "sentinel.history.persistence.size=1Gi",
+        "sentinel.history.persistence.storageClassName=fast",
+        # A podSecurityContext without fsGroup still gets one: the claim must be writable.
+        "sentinel.podSecurityContext.runAsGroup=1234"])
+    pod, volume, pvc = _history(r)
+    assert volume == {"name": "history", "persistentVolumeClaim": {"claimName": "astro-sentinel-history"}}
+    assert pvc["spec"] == {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                           "resources": {"requests": {"storage": "1Gi"}}}
+    assert pod["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 1234
+    config = sentinel_config(r, effective("keda-static")[0])
+    assert config["history"] == {"path": "/var/lib/astro-sentinel/history.bin"}, "not volatile"
+
+    r = chart.render(scenario("keda-static"), sets=["sentinel.history.persistence.mode=emptyDir"])
+    pod, volume, pvc = _history(r)
+    assert volume == {"name": "history", "emptyDir": {}} and pvc is None
+    assert "strategy" not in pod["spec"]
+    config = sentinel_config(r, effective("keda-static")[0])
+    assert config["history"]["volatile"] is True, "the page says the history is lost with the Pod"
+
+    r = chart.render(scenario("keda-static"), sets=["sentinel.history.enabled=false"])
+    assert "history" not in sentinel_config(r, effective("keda-static")[0])
+
+
+def test_a_pool_change_keeps_the_sentinel_pod_and_a_fixed_setting_rolls_it(chart):
+    """The Sentinel applies its file in place: only what it cannot change at run time may roll it."""
+    base = scenario("keda-static")
+
+    def template(*sets):
+        return chart.render(base, sets=list(sets)).get("Deployment", "astro-sentinel")["spec"]["template"]
+
+    before = template()
+    assert "checksum/config" not in before["metadata"]["annotations"]
+    assert "checksum/airflow-secret" in before["metadata"]["annotations"], "secrets still roll it"
+    assert template("workers[0].keda.maxReplicaCount=17") == before
+    assert template("workers[0].syncSlots=3", "workers[0].queues=other") == before
+    assert template("sentinel.refreshInterval=7s") == before
+    assert template("sentinel.source.type=postgres", "sentinel.source.postgres.url.value=postgres://u:p@h/d",
+                    "sentinel.source.postgres.sslMode=require") != before
+    assert template("sentinel.kubernetes.enabled=false") != before
 
 
 @pytest.mark.parametrize("name", [n for n in VALID_SCENARIOS if load_values(n).get("sentinel", {}).get("enabled")])

@@ -51,6 +51,23 @@ impl Snapshot {
         }
     }
 
+    /// A snapshot for `queues` that keeps what `previous` knew of those it had: after a
+    /// configuration change the queues that stay are served at once, not after a refresh.
+    pub fn keeping<'a>(previous: &Snapshot, queues: impl IntoIterator<Item = &'a String>) -> Self {
+        Snapshot {
+            queues: queues
+                .into_iter()
+                .map(|q| {
+                    (
+                        q.clone(),
+                        previous.queues.get(q).cloned().unwrap_or_default(),
+                    )
+                })
+                .collect(),
+            expected: HashMap::new(),
+        }
+    }
+
     /// `worker`'s expected slots from the schedule, if any window is open for it.
     pub fn expected(&self, worker: &str) -> Option<&Expected> {
         self.expected.get(worker)

@@ -10,7 +10,7 @@ use super::queue_events::{validate_queue_events, QueueEventsConfig, RawQueueEven
 use super::ConfigError;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,12 +33,27 @@ pub struct Config {
     pub schedule: ScheduleConfig,
     /// The agents' wake-up stream (`GET /v1/queues/events`).
     pub queue_events: QueueEventsConfig,
+    /// The workers an HPA scales (`scaledBy: hpa`): recorded in the history, never read by KEDA.
+    pub hpa_scaled: BTreeSet<String>,
 }
 
 /// Where the scaling history is kept across restarts; `None`: in memory only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HistoryConfig {
     pub path: Option<PathBuf>,
+    /// The folder of `path` goes with the Pod (an `emptyDir`): the page says the history is
+    /// lost when the Pod is.
+    pub volatile: bool,
+}
+
+/// What scales a worker Deployment: KEDA (reading the Sentinel) or an HPA (on the agents'
+/// own metrics; the Sentinel only records its history).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaledBy {
+    #[default]
+    Keda,
+    Hpa,
 }
 
 /// What the Sentinel reads and writes in the workers' namespace.
@@ -173,6 +188,8 @@ struct RawConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawHistory {
     path: Option<PathBuf>,
+    #[serde(default)]
+    volatile: bool,
 }
 
 #[derive(Deserialize)]
@@ -237,7 +254,7 @@ pub(super) struct RawTokenReview {
 #[serde(
     rename_all = "camelCase",
     deny_unknown_fields,
-    expecting = "a mapping with the keys name, queues, syncSlots, minReplicas, maxReplicas, preWarm"
+    expecting = "a mapping with the keys name, queues, syncSlots, minReplicas, maxReplicas, preWarm, scaledBy"
 )]
 struct RawWorker {
     name: Option<String>,
@@ -246,6 +263,7 @@ struct RawWorker {
     min_replicas: Option<u32>,
     max_replicas: Option<u32>,
     pre_warm: Option<RawPreWarm>,
+    scaled_by: Option<ScaledBy>,
 }
 
 // ---- loading ------------------------------------------------------------------------------
@@ -300,9 +318,10 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let queue_events = validate_queue_events(raw.queue_events.unwrap_or_default())?;
 
     let mut workers = Vec::new();
+    let mut hpa_scaled = BTreeSet::new();
     let mut first_index: HashMap<String, usize> = HashMap::new();
     for (index, value) in raw.workers.unwrap_or_default().into_iter().enumerate() {
-        let (worker, pre_warm) = validate_worker(index, value)?;
+        let (worker, pre_warm, scaled_by) = validate_worker(index, value)?;
         if let Some(first) = first_index.get(&worker.name) {
             return Err(ConfigError::new(format!(
                 "worker \"{}\": name: duplicate (workers[{first}] and workers[{index}] have the same name)",
@@ -310,6 +329,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             )));
         }
         first_index.insert(worker.name.clone(), index);
+        if scaled_by == ScaledBy::Hpa {
+            hpa_scaled.insert(worker.name.clone());
+        }
         schedule.workers.insert(worker.name.clone(), pre_warm);
         workers.push(worker);
     }
@@ -326,6 +348,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         kubernetes,
         schedule,
         queue_events,
+        hpa_scaled,
     })
 }
 
@@ -354,6 +377,11 @@ fn validate_kubernetes(raw: RawKubernetes) -> Result<KubernetesConfig, ConfigErr
 
 fn validate_history(raw: RawHistory) -> Result<HistoryConfig, ConfigError> {
     let Some(path) = raw.path else {
+        if raw.volatile {
+            return Err(ConfigError::new(
+                "history.volatile: says where history.path lies, and history.path is not set",
+            ));
+        }
         return Ok(HistoryConfig::default());
     };
     let text = path.to_string_lossy();
@@ -362,7 +390,10 @@ fn validate_history(raw: RawHistory) -> Result<HistoryConfig, ConfigError> {
             "history.path: {text:?} is not a file path (e.g. /var/lib/astro-sentinel/history.bin)"
         )));
     }
-    Ok(HistoryConfig { path: Some(path) })
+    Ok(HistoryConfig {
+        path: Some(path),
+        volatile: raw.volatile,
+    })
 }
 
 fn validate_source(raw: Option<RawSource>) -> Result<SourceConfig, ConfigError> {
@@ -481,13 +512,18 @@ pub(super) fn validate_token_review(
 fn validate_worker(
     index: usize,
     value: serde_yaml::Value,
-) -> Result<(WorkerConfig, PreWarmConfig), ConfigError> {
+) -> Result<(WorkerConfig, PreWarmConfig, ScaledBy), ConfigError> {
     // Name the worker in every message, even when the rest of the entry does not parse.
     let label = match value.get("name").and_then(|n| n.as_str()) {
         Some(name) => format!("worker \"{name}\""),
         None => format!("workers[{index}]"),
     };
     let fail = |what: String| ConfigError::new(format!("{label}: {what}"));
+    let pre_warm_asked = value
+        .get("preWarm")
+        .and_then(|p| p.get("enabled"))
+        .and_then(serde_yaml::Value::as_bool)
+        == Some(true);
     let raw: RawWorker = serde_path_to_error::deserialize(value).map_err(|e| {
         // The path is the key of a value that does not parse, "." for the entry as a whole
         // (an unknown key, not a mapping).
@@ -528,7 +564,17 @@ fn validate_worker(
             "minReplicas: {min_replicas} is greater than maxReplicas {max_replicas}"
         )));
     }
-    let pre_warm = pre_warm::validate(raw.pre_warm, fail)?;
+    let scaled_by = raw.scaled_by.unwrap_or_default();
+    let mut pre_warm = pre_warm::validate(raw.pre_warm, fail)?;
+    if scaled_by == ScaledBy::Hpa {
+        // Only KEDA reads the expected slots: an HPA-scaled worker is not pre-warmed.
+        if pre_warm_asked {
+            return Err(fail(
+                "preWarm.enabled: an HPA-scaled worker (scaledBy: hpa) cannot be pre-warmed: only KEDA reads the expected slots".into(),
+            ));
+        }
+        pre_warm.enabled = false;
+    }
     Ok((
         WorkerConfig {
             name,
@@ -538,6 +584,7 @@ fn validate_worker(
             max_replicas,
         },
         pre_warm,
+        scaled_by,
     ))
 }
 
@@ -782,6 +829,42 @@ workers:
         .unwrap_err()
         .0;
         assert!(e.contains("auth.tokenReview.audiences"), "{e}");
+    }
+
+    #[test]
+    fn hpa_scaled_workers_are_listed_and_never_pre_warmed() {
+        let c = Config::parse(&format!(
+            "{BASE}workers:\n  - {{name: k, queues: [a]}}\n  - {{name: h, queues: [b], scaledBy: hpa}}\n"
+        ))
+        .unwrap();
+        assert_eq!(c.hpa_scaled, BTreeSet::from(["h".to_string()]));
+        assert!(c.schedule.for_worker("k").enabled);
+        assert!(!c.schedule.for_worker("h").enabled, "off by default");
+        let e = Config::parse(&format!(
+            "{BASE}workers:\n  - {{name: h, queues: [b], scaledBy: hpa, preWarm: {{enabled: true}}}}\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(e.starts_with("worker \"h\": preWarm.enabled"), "{e}");
+        let e = Config::parse(&format!(
+            "{BASE}workers:\n  - {{name: h, queues: [b], scaledBy: argo}}\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(e.contains("scaledBy"), "{e}");
+    }
+
+    #[test]
+    fn a_volatile_history_needs_its_path() {
+        let c = Config::parse(&format!(
+            "{BASE}history: {{path: /h/x.bin, volatile: true}}\n"
+        ))
+        .unwrap();
+        assert!(c.history.volatile);
+        let e = Config::parse(&format!("{BASE}history: {{volatile: true}}\n"))
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("history.volatile"), "{e}");
     }
 
     #[test]

@@ -16,9 +16,12 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 use url::Url;
 
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:39092";
+/// A few seconds: the kubelet takes up to a minute to project a ConfigMap change anyway.
+pub const DEFAULT_CONFIG_CHECK_INTERVAL: &str = "5s";
 /// Where Kubernetes mounts a pod's service-account token and the cluster CA.
 pub const DEFAULT_KUBERNETES_TOKEN_FILE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -34,6 +37,11 @@ pub struct Flags {
     /// The configuration file (YAML: workers, source, auth, intervals)
     #[arg(long, env = "ASTRO_SENTINEL_CONFIG", value_name = "PATH")]
     pub config: PathBuf,
+
+    /// How often the configuration file is read for changes, applied without a restart
+    #[arg(long, env = "ASTRO_SENTINEL_CONFIG_CHECK_INTERVAL", value_name = "DURATION",
+          default_value = DEFAULT_CONFIG_CHECK_INTERVAL, value_parser = humantime::parse_duration)]
+    pub config_check_interval: Duration,
 
     /// Address of the one HTTP port (/v1/workers, /metrics, /healthz, /readyz)
     #[arg(long, env = "ASTRO_SENTINEL_LISTEN", value_name = "ADDR", default_value = DEFAULT_LISTEN)]
@@ -122,6 +130,9 @@ pub struct Flags {
 #[derive(Debug)]
 pub struct Settings {
     pub config: Config,
+    /// Where `config` was read, read again every `config_check_interval` for changes.
+    pub config_path: PathBuf,
+    pub config_check_interval: Duration,
     pub listen: SocketAddr,
     pub source: SourceSettings,
     /// Set when `auth.tokenReview` (auth not disabled) or the `kubernetes` section needs the
@@ -210,8 +221,15 @@ impl Settings {
         };
         let external_scaler =
             ExternalScalerSettings::from_flags(&flags.external_scaler, config.auth.disabled)?;
+        if flags.config_check_interval.is_zero() {
+            return Err(ConfigError::new(
+                "--config-check-interval: must be longer than 0 (e.g. 5s)",
+            ));
+        }
         Ok(Settings {
             config,
+            config_path: flags.config.clone(),
+            config_check_interval: flags.config_check_interval,
             listen,
             source,
             kubernetes,

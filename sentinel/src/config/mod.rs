@@ -8,6 +8,7 @@ pub mod file;
 pub mod flags;
 pub mod pre_warm;
 pub mod queue_events;
+pub mod reload;
 
 /// A configuration problem, described in one line that names the worker and/or field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

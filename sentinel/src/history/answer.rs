@@ -6,9 +6,10 @@ use super::decisions::Decision;
 use super::findings::{findings, tiles, Finding, RangeTotals, Tiles};
 use super::pre_warm_log::PreWarmSummary;
 use super::range::HistoryRange;
+use super::store::HistoryKept;
 use super::tier::Bucket;
 use super::worker_history::WorkerHistory;
-use crate::config::file::WorkerConfig;
+use crate::config::file::{ScaledBy, WorkerConfig};
 use crate::pool::cold_start::answer::ColdStartsAnswer;
 use serde::Serialize;
 
@@ -35,6 +36,10 @@ pub struct HistoryAnswer {
     pub cold_starts: ColdStartsAnswer,
     /// What pre-warming from the schedule did in the range (filled in by the store).
     pub pre_warm: PreWarmSummary,
+    /// Where this history lives, so the page can say what would lose it (filled in by the store).
+    pub history_kept: HistoryKept,
+    /// What scales the worker (filled in by the API, which knows the configuration).
+    pub scaled_by: ScaledBy,
 }
 
 /// One bucket: the peak of each line within it; the range in effect at its end.
@@ -124,6 +129,8 @@ pub fn history_answer(
             .collect(),
         cold_starts,
         pre_warm: PreWarmSummary::default(),
+        history_kept: HistoryKept::Memory,
+        scaled_by: ScaledBy::Keda,
     }
 }
 

@@ -5,8 +5,9 @@
 //! one KEDA gets) and the [pool view](crate::pool) into a [`sample`]; the [`store`] adds it to three
 //! downsampled [`tier`]s and to the [`decisions`] log; a request picks the tier of its
 //! [`range`] and builds the [`answer`], with [`findings`] worded by [`duration_text`].
-//! [`persist`] keeps it across restarts when `history.path` is set; the [`pre_warm_log`] (in
-//! memory only) says what pre-warming from the schedule did.
+//! [`persist`] keeps it across restarts when `history.path` is set, written by one replica at
+//! a time ([`file_lock`]); the [`pre_warm_log`] (in memory only) says what pre-warming from
+//! the schedule did.
 //!
 //! With two Sentinel replicas, each records the same inputs on its own (both read the same
 //! source every refresh); an answer names the replica that recorded it (`recordedBy`, from
@@ -18,6 +19,7 @@ pub mod answer;
 pub mod clock;
 pub mod decisions;
 pub mod duration_text;
+pub mod file_lock;
 pub mod findings;
 pub mod instance;
 pub mod persist;

@@ -22,8 +22,32 @@ pub struct HistoryData {
     pub workers: BTreeMap<String, WorkerHistory>,
 }
 
+/// Where the history lives, and so what loses it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HistoryKept {
+    /// No `history.path`: lost when the Sentinel restarts.
+    #[default]
+    Memory,
+    /// A file in the Pod's own volume (`history.volatile`): lost when the Pod goes.
+    Pod,
+    /// A file on a volume that outlives the Pod.
+    Volume,
+}
+
+impl HistoryKept {
+    pub fn of(config: &crate::config::file::HistoryConfig) -> HistoryKept {
+        match (&config.path, config.volatile) {
+            (None, _) => HistoryKept::Memory,
+            (Some(_), true) => HistoryKept::Pod,
+            (Some(_), false) => HistoryKept::Volume,
+        }
+    }
+}
+
 pub struct History {
     data: Mutex<HistoryData>,
+    kept: HistoryKept,
     clock: Arc<dyn WallClock>,
     recorded_by: String,
     /// The pools' cold starts, kept in memory only (a restarted Sentinel times new ones).
@@ -38,6 +62,7 @@ impl History {
             data: Mutex::new(data),
             clock,
             recorded_by,
+            kept: HistoryKept::Memory,
             cold_starts: None,
             pre_warm: Arc::default(),
         }
@@ -46,6 +71,12 @@ impl History {
     /// Answers and records cold starts with `cold_starts` as well.
     pub fn with_cold_starts(mut self, cold_starts: Arc<ColdStarts>) -> History {
         self.cold_starts = Some(cold_starts);
+        self
+    }
+
+    /// Says where the history lives in every answer.
+    pub fn kept_in(mut self, kept: HistoryKept) -> History {
+        self.kept = kept;
         self
     }
 
@@ -114,7 +145,15 @@ impl History {
             });
         }
         answer.pre_warm = pre_warm;
+        answer.history_kept = self.kept;
         answer
+    }
+
+    /// Continues `saved`: a replica that takes the history file over from another continues
+    /// the file's record of each worker (the writer's, the fuller one); workers the file does
+    /// not know keep what this replica recorded.
+    pub fn continue_from(&self, saved: HistoryData) {
+        self.lock().workers.extend(saved.workers);
     }
 
     /// Runs `f` on the data under the lock (to serialise it for saving).

@@ -34,6 +34,12 @@ pub struct Metrics {
     pub pod_deletion_cost_patches: IntCounterVec,
     pub cold_starts: ColdStartHistograms,
     pub queue_events: QueueEventMetrics,
+    /// The configuration in force: 1 at start, one more for each change of the file applied.
+    pub config_generation: IntGauge,
+    /// Changes of the configuration file refused (invalid): the running configuration stays.
+    pub config_reload_failures: IntCounter,
+    /// 1 while this replica holds the history file's lock and writes the file.
+    pub history_file_owner: IntGauge,
     ready: IntGauge,
     queue_task_instances: IntGaugeVec,
     queue_task_slots: IntGaugeVec,
@@ -76,6 +82,27 @@ impl Metrics {
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
         Metrics {
+            config_generation: register(
+                &r,
+                IntGauge::new(
+                    "astro_sentinel_config_generation",
+                    "The configuration in force: 1 at start, one more for each change of the file applied without a restart.",
+                ),
+            ),
+            config_reload_failures: register(
+                &r,
+                IntCounter::new(
+                    "astro_sentinel_config_reload_failures_total",
+                    "Changes of the configuration file refused as invalid (the running configuration is kept; the log names the field).",
+                ),
+            ),
+            history_file_owner: register(
+                &r,
+                IntGauge::new(
+                    "astro_sentinel_history_file_owner",
+                    "1 while this replica holds the history file's lock and writes it; 0 while another replica does (this one keeps its history in memory).",
+                ),
+            ),
             ready: register(
                 &r,
                 IntGauge::new(

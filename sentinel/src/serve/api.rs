@@ -8,7 +8,7 @@
 
 use crate::backlog::cache::BacklogCache;
 use crate::backlog::worker_view::{worker_answer, Unavailable, WorkerAnswer, WorkerBacklog};
-use crate::config::file::WorkerConfig;
+use crate::config::file::{ScaledBy, WorkerConfig};
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
@@ -22,7 +22,7 @@ use hyper::header::{
     HeaderValue, ALLOW, AUTHORIZATION, IF_NONE_MATCH, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,8 @@ pub struct AppState {
     pub history: Arc<History>,
     /// The agents' wake-up stream; without it `/v1/queues/events` is a 404.
     pub queue_events: Option<QueueEvents>,
+    /// The workers an HPA scales (their history says so).
+    hpa_scaled: BTreeSet<String>,
 }
 
 impl AppState {
@@ -65,7 +67,14 @@ impl AppState {
             readiness,
             history,
             queue_events: None,
+            hpa_scaled: BTreeSet::new(),
         }
+    }
+
+    /// Says which workers an HPA scales.
+    pub fn with_hpa_scaled(mut self, hpa_scaled: BTreeSet<String>) -> Self {
+        self.hpa_scaled = hpa_scaled;
+        self
     }
 
     /// Serves the agents' wake-up stream as well.
@@ -229,10 +238,11 @@ fn history(state: &AppState, name: &str, query: Option<&str>) -> Response<Body> 
     let Some(&i) = state.index.get(name) else {
         return error(StatusCode::NOT_FOUND, format!("unknown worker {name:?}"));
     };
-    json(
-        StatusCode::OK,
-        &state.history.answer(&state.workers[i], range),
-    )
+    let mut answer = state.history.answer(&state.workers[i], range);
+    if state.hpa_scaled.contains(name) {
+        answer.scaled_by = ScaledBy::Hpa;
+    }
+    json(StatusCode::OK, &answer)
 }
 
 /// One entry of `GET /v1/workers`: the worker's own answer plus `available`.

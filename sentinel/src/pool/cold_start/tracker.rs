@@ -118,6 +118,15 @@ impl ColdStarts {
         }
     }
 
+    /// Follows `pools` as well (the workers of a changed configuration); the pools already
+    /// followed keep their starts.
+    pub fn follow(&self, pools: impl IntoIterator<Item = String>) {
+        let mut followed = self.lock();
+        for pool in pools {
+            followed.entry(pool).or_default();
+        }
+    }
+
     pub fn follows_kubernetes(&self) -> bool {
         self.chain == Phase::KUBERNETES
     }
