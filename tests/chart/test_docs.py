@@ -23,6 +23,11 @@ def test_notes_tell_how_to_check_the_scaling_objects(chart):
     assert "WARNING" not in notes
     notes = chart.notes(scenario("keda-static"), sets=["serviceMonitor.sentinel.enabled=true"])
     assert "WARNING: serviceMonitor.sentinel is on but sentinel.networkPolicy.metricsFrom is empty" in notes
+    # An HPA worker scales on what Prometheus scrapes: a policy that admits no scraper is said.
+    notes = chart.notes(scenario("hpa"))
+    assert "WARNING: astro-worker-default-worker is scraped by Prometheus (its HPA scales on what Prometheus reads)" in notes
+    notes = chart.notes(scenario("hpa"), sets=["workerDefaults.networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring"])
+    assert "is scraped by Prometheus" not in notes
 
 
 def _leaf_paths(node, prefix=""):
