@@ -15,7 +15,10 @@ use crate::history::store::{History, HistoryData};
 use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
 use crate::pool::cold_start::airflow_phases::AirflowPhases;
-use crate::pool::{ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
+use crate::pool::{
+    ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, KubernetesPoolView,
+    WorkloadWatch,
+};
 use crate::schedule::plan::Plan;
 use crate::schedule::pre_warm::PreWarm;
 use crate::schedule::reader::{PoolQueues, RestScheduleSource, ScheduleReader, ScheduleSource};
@@ -576,7 +579,7 @@ fn start_pool_view(
             source.clone(),
             workers,
             config.refresh_interval,
-            cold_starts,
+            Some(cold_starts),
         ));
         tasks.spawn(census.clone().run(tasks.shutdown.clone()));
         return Ok(census);
@@ -599,13 +602,21 @@ fn start_pool_view(
             source: source.clone(),
             watch: watch.clone(),
             pods: kube::Api::namespaced(client, &k8s.namespace),
-            workers,
+            workers: workers.clone(),
             interval: config.refresh_interval,
             patches: metrics.pod_deletion_cost_patches.clone(),
         };
         tasks.spawn(costs.run(tasks.shutdown.clone()));
     }
-    Ok(watch)
+    // The pods time the cold starts here: the census only reads the slots workers report.
+    let census = Arc::new(EdgeWorkerCensus::new(
+        source.clone(),
+        workers,
+        config.refresh_interval,
+        None,
+    ));
+    tasks.spawn(census.clone().run(tasks.shutdown.clone()));
+    Ok(Arc::new(KubernetesPoolView { watch, census }))
 }
 
 /// Serves `/v1`, `/metrics`, the probes and the page on `listener` until shutdown.

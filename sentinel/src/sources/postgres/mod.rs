@@ -11,7 +11,7 @@ mod tls;
 
 use crate::config::file::PostgresOptions;
 use crate::sources::{BacklogSource, QueueBacklog, QueueOutcome};
-use airflow::edge_worker_list::ListedEdgeWorker;
+use airflow::edge_worker_list::{ListedEdgeWorker, ReportedSysInfo};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use prometheus::IntCounter;
@@ -42,9 +42,11 @@ const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
      GROUP BY hostname";
 
 /// Airflow's Edge workers (the edge3 provider's table; `queues` holds a Python list literal),
-/// with `first_online` as the REST API writes it (RFC 3339, UTC, microseconds).
+/// with `first_online` as the REST API writes it (RFC 3339, UTC, microseconds) and `sysinfo`
+/// (what the worker reports of itself, a JSON column) as text.
 const EDGE_WORKERS_SQL: &str = "SELECT worker_name, state, queues, \
-     to_char(first_online AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+     to_char(first_online AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+     sysinfo::text \
      FROM edge_worker";
 
 /// The first task each of the given hosts started on the given queues since a moment, as
@@ -215,11 +217,13 @@ impl PostgresSource {
         rows.iter()
             .map(|row| {
                 let queues: Option<String> = row.try_get(2).map_err(describe)?;
+                let sysinfo: Option<String> = row.try_get(4).map_err(describe)?;
                 Ok(ListedEdgeWorker {
                     worker_name: row.try_get(0).map_err(describe)?,
                     state: row.try_get(1).map_err(describe)?,
                     queues: queues.as_deref().map(python_str_list).transpose()?,
                     first_online: row.try_get(3).map_err(describe)?,
+                    sysinfo: sysinfo.as_deref().and_then(ReportedSysInfo::from_json_text),
                 })
             })
             .collect()
