@@ -456,6 +456,7 @@
     setTile("tile-waiting", "Waiting for capacity",
       missing.has("waiting") ? "not available" : duration(tiles.waitingForCapacitySeconds));
     setTile("tile-paused", "Paused", duration(tiles.pausedSeconds));
+    setTile("tile-held", "Held back by Airflow", duration(tiles.heldBackSeconds));
 
     renderChart(h, range, missing);
 

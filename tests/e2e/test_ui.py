@@ -238,7 +238,7 @@ def test_worker_list_and_scaling_history_by_keyboard(sentinel, browser, screensh
     if status == 200:
         chart_title = by_id(d, "chart").get_attribute("aria-labelledby").split()[0]
         assert by_id(d, chart_title).get_attribute("textContent") == f"Workers of {WORKER} over the last 6 hours"
-        for tile in ("tile-peak", "tile-maximum", "tile-waiting"):
+        for tile in ("tile-peak", "tile-maximum", "tile-waiting", "tile-paused", "tile-held"):
             assert by_id(d, tile).get_attribute("aria-label"), f"{tile} has no label"
     history_png = save(d, screenshots, "scaling-history.png")
 
@@ -359,7 +359,7 @@ def contract_history(worker: str) -> dict:
         "recordedBy": "astro-sentinel-5f7c9-x2x4q", "recordingSince": iso(start - timedelta(hours=2)),
         "missing": [], "series": series,
         "tiles": {"peakWanted": 5, "atMaximumSeconds": 120, "waitingForCapacitySeconds": 0,
-                  "pausedSeconds": 180},
+                  "pausedSeconds": 180, "heldBackSeconds": 0},
         "findings": [{"kind": "paused", "text": "Paused for 3 min.", "seconds": 180},
                      {"kind": "slotDrift", "seconds": 300,
                       "text": "Worker edge-b ran with 8 slots while the autoscaler assumed 4 for 5 min."},
@@ -418,6 +418,7 @@ def test_page_draws_a_contract_shaped_history_with_kubernetes_data(sentinel, bro
     assert by_id(d, "tile-maximum").get_attribute("aria-label") == "At maximum: 2 min"
     assert by_id(d, "tile-waiting").get_attribute("aria-label") == "Waiting for capacity: Never"
     assert by_id(d, "tile-paused").get_attribute("aria-label") == "Paused: 3 min"
+    assert by_id(d, "tile-held").get_attribute("aria-label") == "Held back by Airflow: Never"
     assert [li.text for li in by_id(d, "findings").find_elements(By.TAG_NAME, "li")] == [
         "Paused for 3 min.", "Worker edge-b ran with 8 slots while the autoscaler assumed 4 for 5 min.",
         "Ran at its maximum of 5 workers for 2 min."]

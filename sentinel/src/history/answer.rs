@@ -51,6 +51,8 @@ pub struct Point {
     pub backlog: u32,
     pub queued: u32,
     pub running_tasks: u32,
+    /// The most task instances Airflow held in `scheduled` within the bucket.
+    pub held_tasks: u32,
     pub min_replicas: u32,
     pub max_replicas: u32,
     /// Scaling was paused on purpose for some of the bucket.
@@ -148,6 +150,7 @@ fn point(b: &Bucket) -> Point {
         backlog: b.peak.backlog,
         queued: b.peak.queued,
         running_tasks: b.peak.running_tasks,
+        held_tasks: b.peak.held_tasks,
         min_replicas: b.min_replicas,
         max_replicas: b.max_replicas,
         paused: b.paused_ms > 0,
@@ -270,15 +273,15 @@ mod tests {
             series[0],
             serde_json::json!({"t": "2027-01-15T07:58:00Z", "wanted": 2, "desiredReplicas": 2,
                 "workers": null, "running": null, "waiting": null, "terminating": null,
-                "backlog": 8, "queued": 4, "runningTasks": 4, "minReplicas": 1, "maxReplicas": 5,
-                "paused": false})
+                "backlog": 8, "queued": 4, "runningTasks": 4, "heldTasks": 0, "minReplicas": 1,
+                "maxReplicas": 5, "paused": false})
         );
         assert_eq!(series[1]["workers"], 3, "the peak within the bucket");
         assert_eq!(series[1]["waiting"], 1);
         assert_eq!(
             json["tiles"],
             serde_json::json!({"peakWanted": 3, "atMaximumSeconds": 0, "waitingForCapacitySeconds": 2,
-                "pausedSeconds": 0})
+                "pausedSeconds": 0, "heldBackSeconds": 0})
         );
         let decisions = json["decisions"].as_array().unwrap();
         assert_eq!(decisions.len(), 2);

@@ -11,6 +11,10 @@
 //!   Airflow's maintenance), the same threshold; that time counts in no other tile or finding.
 //! * "Worker W ran with 8 slots while the autoscaler assumed 16 for T." for time with a worker
 //!   whose reported slots differ from the pool's `syncSlots`, the same threshold.
+//! * "Held below its maximum by Airflow for T: up to N tasks waited as scheduled." for time
+//!   with task instances Airflow holds in `scheduled` while the pool was below its maximum,
+//!   the same threshold. Which limit held them (`[core] parallelism`, a pool, a DAG's
+//!   `max_active_tasks`) Airflow does not record.
 //! * Otherwise "Stayed within its range over this period."
 
 use super::duration_text::human_duration;
@@ -30,6 +34,9 @@ pub struct RangeTotals {
     pub below_minimum_ms: u64,
     pub paused_ms: u64,
     pub slot_drift_ms: u64,
+    pub held_back_ms: u64,
+    /// The most task instances held in `scheduled` at once.
+    pub peak_held_tasks: u32,
     /// The slots of the last drifting worker in the range.
     pub drift_slots: Option<u32>,
     pub peak_wanted: Option<u32>,
@@ -53,6 +60,8 @@ impl RangeTotals {
             t.below_minimum_ms += u64::from(b.below_minimum_ms);
             t.paused_ms += u64::from(b.paused_ms);
             t.slot_drift_ms += u64::from(b.slot_drift_ms);
+            t.held_back_ms += u64::from(b.held_back_ms);
+            t.peak_held_tasks = t.peak_held_tasks.max(b.peak.held_tasks);
             t.drift_slots = b.drift_slots.get().or(t.drift_slots);
             t.peak_wanted = Some(t.peak_wanted.unwrap_or(0).max(b.peak.wanted));
             t.min_replicas = b.min_replicas;
@@ -74,6 +83,7 @@ pub enum FindingKind {
     PreWarmIdle,
     Paused,
     SlotDrift,
+    HeldBack,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -93,6 +103,8 @@ pub struct Tiles {
     pub waiting_for_capacity_seconds: Option<u64>,
     /// Time paused on purpose, which the other tiles leave out.
     pub paused_seconds: Option<u64>,
+    /// Time below the maximum with tasks Airflow held in `scheduled`.
+    pub held_back_seconds: Option<u64>,
 }
 
 pub fn tiles(t: &RangeTotals) -> Tiles {
@@ -102,6 +114,7 @@ pub fn tiles(t: &RangeTotals) -> Tiles {
         at_maximum_seconds: any.then(|| whole_seconds(t.at_maximum_ms)),
         waiting_for_capacity_seconds: t.waiting_ms.map(whole_seconds),
         paused_seconds: any.then(|| whole_seconds(t.paused_ms)),
+        held_back_seconds: any.then(|| whole_seconds(t.held_back_ms)),
     }
 }
 
@@ -122,6 +135,22 @@ pub fn findings(
         out.push(Finding {
             kind: FindingKind::Paused,
             text: format!("Paused for {}.", human_duration(seconds)),
+            seconds,
+        });
+    }
+    if t.held_back_ms >= threshold {
+        let seconds = whole_seconds(t.held_back_ms);
+        let tasks = if t.peak_held_tasks == 1 {
+            "1 task".to_string()
+        } else {
+            format!("{} tasks", t.peak_held_tasks)
+        };
+        out.push(Finding {
+            kind: FindingKind::HeldBack,
+            text: format!(
+                "Held below its maximum by Airflow for {}: up to {tasks} waited as scheduled.",
+                human_duration(seconds)
+            ),
             seconds,
         });
     }
@@ -294,6 +323,17 @@ mod tests {
             "A worker ran with 8 slots while the autoscaler assumed 16 for 40 min."
         );
         assert_eq!(tiles(&t).paused_seconds, Some(3 * 3600));
+        let held = RangeTotals {
+            held_back_ms: 40 * 60_000,
+            peak_held_tasks: 12,
+            ..totals(86_400_000)
+        };
+        let f = findings(&held, HistoryRange::OneDay, None);
+        assert_eq!(
+            f[0].text,
+            "Held below its maximum by Airflow for 40 min: up to 12 tasks waited as scheduled."
+        );
+        assert_eq!(tiles(&held).held_back_seconds, Some(2400));
         // Below the range's threshold (15 min on a day): neither.
         let short = RangeTotals {
             paused_ms: 15 * 60_000 - 1,
@@ -317,6 +357,7 @@ mod tests {
                 at_maximum_seconds: None,
                 waiting_for_capacity_seconds: None,
                 paused_seconds: None,
+                held_back_seconds: None,
             }
         );
         let no_pods = totals(1000);

@@ -23,6 +23,8 @@ pub struct Sample {
     pub queued: u32,
     /// Running task instances.
     pub running_tasks: u32,
+    /// Task instances Airflow holds in `scheduled` (0 when not counted): not in `backlog`.
+    pub held_tasks: u32,
     pub min_replicas: u32,
     pub max_replicas: u32,
     pub sync_slots: u32,
@@ -42,6 +44,7 @@ impl Sample {
             backlog: saturate(answer.backlog),
             queued: saturate(answer.queued_tasks),
             running_tasks: saturate(answer.running_tasks),
+            held_tasks: saturate(answer.held_tasks.unwrap_or(0)),
             min_replicas: answer.min_replicas,
             max_replicas: answer.max_replicas,
             sync_slots: answer.sync_slots,
@@ -82,6 +85,12 @@ impl Sample {
             .map(|waiting| !self.paused && waiting > 0)
     }
 
+    /// Airflow holds tasks back while the pool is below its maximum and not paused: room the
+    /// autoscaler would use, had Airflow queued them.
+    pub fn held_below_maximum(&self) -> bool {
+        self.held_tasks > 0 && !self.paused && !self.at_maximum()
+    }
+
     /// Running while the backlog calls for fewer workers than the minimum keeps.
     pub fn below_minimum_while_running(&self) -> bool {
         self.is_running() && self.wanted < self.min_replicas
@@ -112,6 +121,7 @@ pub(crate) mod tests {
             backlog,
             queued: backlog / 2,
             running_tasks: backlog - backlog / 2,
+            held_tasks: 0,
             min_replicas: min,
             max_replicas: max,
             sync_slots: slots,
@@ -157,6 +167,23 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn held_back_counts_below_the_maximum_only() {
+        let mut s = sample(4);
+        assert!(!s.held_below_maximum(), "nothing held");
+        s.held_tasks = 3;
+        assert!(s.held_below_maximum());
+        assert!(Sample::new(&answer(), ClusterView::default()).held_tasks == 7);
+        let mut at_max = sample(20);
+        at_max.held_tasks = 3;
+        assert!(
+            !at_max.held_below_maximum(),
+            "at its maximum: nothing more to add"
+        );
+        s.paused = true;
+        assert!(!s.held_below_maximum());
+    }
+
+    #[test]
     fn the_first_worker_with_other_slots_is_the_drift() {
         let slots = |list: &[(&str, u32)]| -> Vec<WorkerSlots> {
             list.iter()
@@ -193,6 +220,7 @@ pub(crate) mod tests {
             queued_tasks: 30,
             running_tasks: 10,
             oldest_queued_age_seconds: 0.0,
+            held_tasks: Some(7),
             sync_slots: 4,
             desired_replicas: 5,
             min_replicas: 1,

@@ -72,6 +72,7 @@ pub struct Peaks {
     pub backlog: u32,
     pub queued: u32,
     pub running_tasks: u32,
+    pub held_tasks: u32,
     pub workers: MaybeCount,
     pub running: MaybeCount,
     pub waiting: MaybeCount,
@@ -86,6 +87,7 @@ impl Peaks {
             backlog: s.backlog,
             queued: s.queued,
             running_tasks: s.running_tasks,
+            held_tasks: s.held_tasks,
             workers: MaybeCount::new(s.cluster.workers),
             running: MaybeCount::new(s.cluster.running),
             waiting: MaybeCount::new(s.cluster.waiting),
@@ -99,6 +101,7 @@ impl Peaks {
         self.backlog = self.backlog.max(o.backlog);
         self.queued = self.queued.max(o.queued);
         self.running_tasks = self.running_tasks.max(o.running_tasks);
+        self.held_tasks = self.held_tasks.max(o.held_tasks);
         self.workers = self.workers.peak(o.workers);
         self.running = self.running.peak(o.running);
         self.waiting = self.waiting.peak(o.waiting);
@@ -123,6 +126,8 @@ pub struct Bucket {
     pub slot_drift_ms: u32,
     /// The slots of the drifting worker at the bucket's last drift; `UNKNOWN` when none drifted.
     pub drift_slots: MaybeCount,
+    /// Time with tasks held in `scheduled` by Airflow while below the maximum.
+    pub held_back_ms: u32,
     pub peak: Peaks,
     /// The worker's range and slots at the bucket's last sample.
     pub min_replicas: u32,
@@ -142,6 +147,7 @@ impl Bucket {
             paused_ms: 0,
             slot_drift_ms: 0,
             drift_slots: MaybeCount::UNKNOWN,
+            held_back_ms: 0,
             peak: Peaks::of(s),
             min_replicas: s.min_replicas,
             max_replicas: s.max_replicas,
@@ -164,6 +170,9 @@ impl Bucket {
         self.slot_drift_ms = self
             .slot_drift_ms
             .saturating_add(when(s.slot_drift.is_some()));
+        self.held_back_ms = self
+            .held_back_ms
+            .saturating_add(when(s.held_below_maximum()));
         if let Some(slots) = s.slot_drift {
             self.drift_slots = MaybeCount::new(Some(slots));
         }

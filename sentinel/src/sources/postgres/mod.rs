@@ -35,6 +35,12 @@ const BACKLOG_SQL: &str = "SELECT queue, \
      WHERE state IN ('queued', 'running') AND queue = ANY($1::text[]) \
      GROUP BY queue";
 
+/// Task instances held in `scheduled` on the given queues (queues with none return no row).
+const HELD_SQL: &str = "SELECT queue, count(*) \
+     FROM task_instance \
+     WHERE state = 'scheduled' AND queue = ANY($1::text[]) \
+     GROUP BY queue";
+
 /// Task slots of the running task instances of the given queues, by the worker running them.
 const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
      FROM task_instance \
@@ -74,6 +80,7 @@ struct Connection {
     client: Client,
     statement: Statement,
     running_slots: Statement,
+    held: Statement,
     /// An error when a column it reads cannot be (a role granted only the backlog's columns):
     /// only the cold starts' last phase is then unknown, never the backlog.
     first_starts: Result<Statement, String>,
@@ -131,6 +138,7 @@ impl PostgresSource {
         };
         let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
         let running_slots = client.prepare(RUNNING_SLOTS_SQL).await.map_err(describe)?;
+        let held = client.prepare(HELD_SQL).await.map_err(describe)?;
         let first_starts = client.prepare(FIRST_STARTS_SQL).await.map_err(describe);
         let edge_workers = client.prepare(EDGE_WORKERS_SQL).await.map_err(describe);
         tracing::info!("connected to the Airflow metadata database");
@@ -138,6 +146,7 @@ impl PostgresSource {
             client,
             statement,
             running_slots,
+            held,
             first_starts,
             edge_workers,
         })
@@ -210,6 +219,17 @@ impl PostgresSource {
         Ok(first)
     }
 
+    async fn held(&self, queues: &[String]) -> Result<HashMap<String, u64>, String> {
+        let rows = self.query(|c| Ok(&c.held), &[&queues]).await?;
+        let mut held: HashMap<String, u64> = queues.iter().map(|q| (q.clone(), 0)).collect();
+        for row in rows {
+            let queue: String = row.try_get(0).map_err(describe)?;
+            let n: i64 = row.try_get(1).map_err(describe)?;
+            held.insert(queue, u64::try_from(n).unwrap_or(0));
+        }
+        Ok(held)
+    }
+
     async fn edge_worker_list(&self) -> Result<Vec<ListedEdgeWorker>, String> {
         let rows = self
             .query(|c| c.edge_workers.as_ref().map_err(Clone::clone), &[])
@@ -277,6 +297,18 @@ impl BacklogSource for PostgresSource {
             self.first_starts(queues, hosts, since)
                 .await
                 .map_err(|e| format!("started task instances: {e}"))
+        }
+        .boxed()
+    }
+
+    fn held_tasks<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
+        async move {
+            self.held(queues)
+                .await
+                .map_err(|e| format!("scheduled task instances: {e}"))
         }
         .boxed()
     }
