@@ -3,8 +3,8 @@
 //! tests use [`start_with`] to plug in their own source and listener.
 //!
 //! A change of the configuration file is applied without a restart: what reads the workers
-//! is one [`Generation`], started anew from the new file and swapped in once running, while
-//! what outlives it ([`Shared`]: the history, the cold starts, the metrics, the listening
+//! is one `Generation`, started anew from the new file and swapped in once running, while
+//! what outlives it (`Shared`: the history, the cold starts, the metrics, the listening
 //! sockets) stays. An invalid file is refused (logged, counted) and the running one kept.
 
 mod generation;

@@ -25,7 +25,7 @@
 //! token allowed before is re-reviewed outside the budget when its verdict expires, so a flood
 //! cannot lock KEDA out. Nor can it lock out a token KEDA has just been given (its bound tokens
 //! are re-minted every hour, and after a restart no token is known): a token whose unverified
-//! payload claims an allowed username ([`claimed_username`]) is reviewed on a budget of its own,
+//! payload claims an allowed username (`claimed_username`) is reviewed on a budget of its own,
 //! the same size, which the flood of tokens that claim nobody does not touch. The claim only
 //! picks the lane; the review decides. The cache is bounded and evicts single entries (least
 //! recently used, behind a frequency filter that keeps a token seen once from displacing one

@@ -10,8 +10,8 @@
 //!   TriggerAuthentication), so unless `auth.disabled` is true the port requires mutual TLS:
 //!   a client certificate signed by `--external-scaler-client-ca`.
 //! * [`server`]: serves it on its own port until shutdown, within limits: connections capped
-//!   in all and per address ([`admission`]) and cut when silent ([`silent_timeout`]), accepted
-//!   by [`incoming`].
+//!   in all and per address (`admission`) and cut when silent (`silent_timeout`), accepted
+//!   by `incoming`.
 //!
 //! [`worker_answer`]: crate::backlog::worker_view::worker_answer
 

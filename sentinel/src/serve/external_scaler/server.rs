@@ -1,11 +1,9 @@
 //! Serves the external scaler API on its own listener until shutdown, within limits a client
-//! cannot pass: connections capped in all and per address ([`admission`]), cut when silent
-//! ([`silent_timeout`]), a TLS handshake bounded in time ([`tls::with_handshake_timeout`]),
+//! cannot pass: connections capped in all and per address (`admission`), cut when silent
+//! (`silent_timeout`), a TLS handshake bounded in time ([`tls::with_handshake_timeout`]),
 //! HTTP/2 streams capped per connection, and HTTP/2 PINGs that find a peer that stopped
 //! answering.
 //!
-//! [`admission`]: super::admission
-//! [`silent_timeout`]: super::silent_timeout
 //! [`tls::with_handshake_timeout`]: super::tls::with_handshake_timeout
 
 use super::admission::Admission;
