@@ -56,12 +56,8 @@ pub struct Point {
     pub backlog: u32,
     pub queued: u32,
     pub running_tasks: u32,
-    /// The most task instances Airflow held in `scheduled` within the bucket.
-    pub held_tasks: u32,
     pub min_replicas: u32,
     pub max_replicas: u32,
-    /// Scaling was paused on purpose for some of the bucket.
-    pub paused: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,14 +88,6 @@ const CLUSTER_LINES: [(&str, LineOf); 4] = [
     ("terminating", |b| b.peak.terminating.get()),
 ];
 
-/// What the answer says besides the recorded buckets.
-pub struct AnswerContext<'a> {
-    pub recorded_by: &'a str,
-    pub cold_starts: ColdStartsAnswer,
-    /// The last worker seen running with other slots than the pool's, when known.
-    pub drifting_worker: Option<&'a str>,
-}
-
 /// The answer for `worker` over `range` ending at `now_ms`; `history` is `None` when nothing
 /// has been recorded for it yet.
 pub fn history_answer(
@@ -107,7 +95,8 @@ pub fn history_answer(
     history: Option<&WorkerHistory>,
     range: HistoryRange,
     now_ms: u64,
-    context: AnswerContext<'_>,
+    recorded_by: &str,
+    cold_starts: ColdStartsAnswer,
 ) -> HistoryAnswer {
     let empty = WorkerHistory::default();
     let history = history.unwrap_or(&empty);
@@ -127,18 +116,18 @@ pub fn history_answer(
         min_replicas: worker.min_replicas,
         max_replicas: worker.max_replicas,
         sync_slots: worker.sync_slots,
-        recorded_by: context.recorded_by.to_string(),
+        recorded_by: recorded_by.to_string(),
         recording_since: history.recording_since_ms(now_ms).map(rfc3339),
         missing,
         series: window.buckets.iter().map(|b| point(b)).collect(),
         tiles: tiles(&totals),
-        findings: findings(&totals, range, context.drifting_worker),
+        findings: findings(&totals, range),
         decisions: history
             .decisions()
             .since(window.from_ms)
             .map(decision_entry)
             .collect(),
-        cold_starts: context.cold_starts,
+        cold_starts,
         pre_warm: PreWarmSummary::default(),
         history_kept: HistoryKept::Memory,
         scaled_by: ScaledBy::Keda,
@@ -157,10 +146,8 @@ fn point(b: &Bucket) -> Point {
         backlog: b.peak.backlog,
         queued: b.peak.queued,
         running_tasks: b.peak.running_tasks,
-        held_tasks: b.peak.held_tasks,
         min_replicas: b.min_replicas,
         max_replicas: b.max_replicas,
-        paused: b.paused_ms > 0,
     }
 }
 
@@ -207,14 +194,6 @@ mod tests {
         }
     }
 
-    fn context(recorded_by: &str) -> AnswerContext<'_> {
-        AnswerContext {
-            recorded_by,
-            cold_starts: ColdStartsAnswer::default(),
-            drifting_worker: None,
-        }
-    }
-
     #[test]
     fn nothing_recorded_is_an_empty_answer_not_zeros() {
         let a = history_answer(
@@ -222,7 +201,8 @@ mod tests {
             None,
             HistoryRange::OneDay,
             NOW_MS,
-            context("sentinel-0"),
+            "sentinel-0",
+            ColdStartsAnswer::default(),
         );
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["series"], serde_json::json!([]));
@@ -261,7 +241,8 @@ mod tests {
             Some(&h),
             HistoryRange::FifteenMinutes,
             NOW_MS,
-            context("s-1"),
+            "s-1",
+            ColdStartsAnswer::default(),
         );
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["worker"], "astro-worker-default");
@@ -280,15 +261,13 @@ mod tests {
             series[0],
             serde_json::json!({"t": "2027-01-15T07:58:00Z", "wanted": 2, "desiredReplicas": 2,
                 "workers": null, "running": null, "waiting": null, "terminating": null,
-                "backlog": 8, "queued": 4, "runningTasks": 4, "heldTasks": 0, "minReplicas": 1,
-                "maxReplicas": 5, "paused": false})
+                "backlog": 8, "queued": 4, "runningTasks": 4, "minReplicas": 1, "maxReplicas": 5})
         );
         assert_eq!(series[1]["workers"], 3, "the peak within the bucket");
         assert_eq!(series[1]["waiting"], 1);
         assert_eq!(
             json["tiles"],
-            serde_json::json!({"peakWanted": 3, "atMaximumSeconds": 0, "waitingForCapacitySeconds": 2,
-                "pausedSeconds": 0, "heldBackSeconds": 0})
+            serde_json::json!({"peakWanted": 3, "atMaximumSeconds": 0, "waitingForCapacitySeconds": 2})
         );
         let decisions = json["decisions"].as_array().unwrap();
         assert_eq!(decisions.len(), 2);
