@@ -91,7 +91,7 @@ async fn a_changed_file_is_applied_in_place_and_the_history_stays() {
         &[("ASTRO_SENTINEL_AIRFLOW_TOKEN", "airflow-token")],
     );
 
-    let before = eventually(Duration::from_secs(10), "a first history point", || async {
+    let before = eventually(Duration::from_secs(30), "a first history point", || async {
         let h = history(&sentinel, "w-default").await;
         (!h["series"].as_array().unwrap().is_empty()).then_some(h)
     })
@@ -112,7 +112,7 @@ async fn a_changed_file_is_applied_in_place_and_the_history_stays() {
 
     // A pool added, another's maximum raised.
     volume.update(&config(&airflow, WITH_ETL));
-    let etl = eventually(Duration::from_secs(10), "the new worker served", || async {
+    let etl = eventually(Duration::from_secs(30), "the new worker served", || async {
         let a = keda_get(sentinel.addr, "/v1/workers/w-etl", None).await;
         (a.status == 200).then(|| a.json())
     })
@@ -154,7 +154,7 @@ async fn a_changed_file_is_applied_in_place_and_the_history_stays() {
         &airflow,
         &WITH_ETL.replace("maxReplicas: 3", "maxReplicas: many"),
     ));
-    eventually(Duration::from_secs(10), "the refusal counted", || async {
+    eventually(Duration::from_secs(30), "the refusal counted", || async {
         (sentinel
             .metric("astro_sentinel_config_reload_failures_total")
             .await
@@ -188,7 +188,7 @@ async fn a_changed_file_is_applied_in_place_and_the_history_stays() {
     // A setting that cannot change at run time keeps its value; the rest applies.
     let moved = config("127.0.0.1:9", DEFAULT_ONLY);
     volume.update(&moved);
-    eventually(Duration::from_secs(10), "the worker removed", || async {
+    eventually(Duration::from_secs(30), "the worker removed", || async {
         (keda_get(sentinel.addr, "/v1/workers/w-etl", None)
             .await
             .status
