@@ -22,7 +22,7 @@
 //! Repeated warnings (failed accepts, refused connections) are logged at most once per
 //! [`WARN_EVERY`], with the number left out: a flood must not become a flood of log lines.
 
-mod admission;
+pub mod admission;
 mod log_throttle;
 mod readiness;
 mod write_deadline;

@@ -3,9 +3,9 @@
 //! at once, so that the listen queue keeps moving for everyone else), and each wrapped in a
 //! [`SilentTimeout`].
 
-use super::admission::{Admission, Refusal};
 use super::silent_timeout::SilentTimeout;
 use futures_util::stream::{self, Stream};
+use http_server::admission::Admission;
 use socket2::{SockRef, TcpKeepalive};
 use std::io;
 use std::time::Duration;
@@ -48,10 +48,7 @@ async fn accept_admitted(
                 return SilentTimeout::new(stream, slot);
             }
             Err(refusal) => {
-                let why = match refusal {
-                    Refusal::Full => "the port holds its maximum of connections",
-                    Refusal::PeerFull => "the address holds its maximum of connections",
-                };
+                let why = refusal.reason();
                 tracing::debug!(%peer, why, "closed a connection to the external scaler port");
             }
         }

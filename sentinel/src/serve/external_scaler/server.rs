@@ -6,7 +6,7 @@
 //!
 //! [`tls::with_handshake_timeout`]: super::tls::with_handshake_timeout
 
-use super::admission::Admission;
+use super::admission;
 use super::incoming::admitted;
 use super::proto::external_scaler_server::ExternalScalerServer;
 use super::service::ExternalScalerService;
@@ -52,7 +52,7 @@ pub fn spawn(
     Ok(tokio::spawn(async move {
         if let Err(e) = router
             .serve_with_incoming_shutdown(
-                admitted(listener, Admission::default()),
+                admitted(listener, admission::for_the_port()),
                 shutdown.cancelled_owned(),
             )
             .await

@@ -3,10 +3,10 @@
 //! never started), or none for [`SILENT_TIMEOUT`] since the last ones. A live client is never
 //! silent that long: the port sends HTTP/2 PINGs every
 //! [`KEEPALIVE_INTERVAL`](super::server::KEEPALIVE_INTERVAL) and a client answers them even
-//! when it has no call open. The connection also holds its [`Slot`] of the port's
-//! [`Admission`](super::admission::Admission), freed when it closes.
+//! when it has no call open. The connection also holds its `Ticket` of the port's
+//! admission (`super::admission`), freed when it closes.
 
-use super::admission::Slot;
+use http_server::admission::Ticket;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -25,15 +25,15 @@ pub struct SilentTimeout<IO> {
     io: IO,
     deadline: Pin<Box<Sleep>>,
     silent_timeout: Duration,
-    _slot: Slot,
+    _slot: Ticket,
 }
 
 impl<IO> SilentTimeout<IO> {
-    pub fn new(io: IO, slot: Slot) -> Self {
+    pub fn new(io: IO, slot: Ticket) -> Self {
         Self::with_timeouts(io, slot, FIRST_BYTES_TIMEOUT, SILENT_TIMEOUT)
     }
 
-    fn with_timeouts(io: IO, slot: Slot, first_bytes: Duration, silent: Duration) -> Self {
+    fn with_timeouts(io: IO, slot: Ticket, first_bytes: Duration, silent: Duration) -> Self {
         SilentTimeout {
             io,
             deadline: Box::pin(sleep(first_bytes)),
@@ -111,8 +111,8 @@ impl<IO: Connected> Connected for SilentTimeout<IO> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::admission::Admission;
     use super::*;
+    use http_server::admission::Admission;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const FIRST: Duration = Duration::from_secs(10);
@@ -134,7 +134,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_never_speaks_is_cut_after_the_first_bytes_timeout() {
-        let admission = Admission::new(1, 1);
+        let admission = Admission::new(1, 1, 0);
         let (mut server, _client) = connection(&admission);
         let started = Instant::now();
         let e = server.read(&mut [0; 8]).await.unwrap_err();
@@ -150,7 +150,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn each_read_renews_the_deadline_and_silence_after_it_cuts() {
-        let admission = Admission::new(1, 1);
+        let admission = Admission::new(1, 1, 0);
         let (mut server, mut client) = connection(&admission);
         let mut buf = [0; 8];
         client.write_all(b"hello").await.unwrap();
