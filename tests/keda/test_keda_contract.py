@@ -270,6 +270,9 @@ def start_sentinel(sc: Scenario, stack: AirflowStack) -> None:
     config.pop("kubernetes", None)
     # Likewise the worker Pods' tokens for the queue events, which only an API server can review.
     config.get("queueEvents", {}).pop("auth", None)
+    # The history file goes where the chart mounts its volume; here, into the scenario's folder.
+    if config.get("history", {}).get("path"):
+        config["history"]["path"] = str(folder / "history.bin")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASTRO_SENTINEL_", "KEDA_"))}
     env.update(RUST_LOG="info", ASTRO_SENTINEL_AIRFLOW_USERNAME=USERNAME, ASTRO_SENTINEL_AIRFLOW_PASSWORD=PASSWORD)
     sc.port = free_port()
