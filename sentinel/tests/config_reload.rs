@@ -162,11 +162,17 @@ async fn a_changed_file_is_applied_in_place_and_the_history_stays() {
         .then_some(())
     })
     .await;
-    let refused: Vec<String> = sentinel
-        .log()
-        .into_iter()
-        .filter(|l| l.contains("configuration change refused"))
-        .collect();
+    // The log is read from the process's stderr by another thread: it may trail the metric.
+    let refused: Vec<String> =
+        eventually(Duration::from_secs(30), "the refusal logged", || async {
+            let refused: Vec<String> = sentinel
+                .log()
+                .into_iter()
+                .filter(|l| l.contains("configuration change refused"))
+                .collect();
+            (!refused.is_empty()).then_some(refused)
+        })
+        .await;
     assert_eq!(refused.len(), 1, "{refused:#?}");
     assert!(
         refused[0].contains("w-etl") && refused[0].contains("maxReplicas"),
@@ -196,14 +202,18 @@ async fn a_changed_file_is_applied_in_place_and_the_history_stays() {
             .then_some(())
     })
     .await;
-    assert!(
-        sentinel
-            .log()
-            .iter()
-            .any(|l| l.contains("source cannot change while the Sentinel runs")),
-        "{:#?}",
-        sentinel.log()
-    );
+    eventually(
+        Duration::from_secs(30),
+        "the kept source logged",
+        || async {
+            sentinel
+                .log()
+                .iter()
+                .any(|l| l.contains("source cannot change while the Sentinel runs"))
+                .then_some(())
+        },
+    )
+    .await;
     let default = keda_get(sentinel.addr, "/v1/workers/w-default", None).await;
     assert_eq!(
         default.status, 200,
