@@ -73,10 +73,15 @@ workers:
         Some(first_since.as_str()),
         "the second continues the first's record"
     );
-    assert!(second
-        .log()
-        .iter()
-        .any(|l| l.contains("continuing its record")));
+    // Its log is read from stderr by another thread: it may trail the metric.
+    eventually(Duration::from_secs(15), "the takeover logged", || async {
+        second
+            .log()
+            .iter()
+            .any(|l| l.contains("continuing its record"))
+            .then_some(())
+    })
+    .await;
     assert_eq!(second.stop(), 0);
     assert!(history.exists());
 }
