@@ -81,7 +81,11 @@ impl RefreshLoop {
         // Values are dated from when the read began: an age may be overstated by the read's
         // duration, never understated.
         let (at, at_wall) = (Instant::now(), SystemTime::now());
-        let outcomes = self.source.fetch(&self.queues).await;
+        // The tasks Airflow holds back are read beside the backlog, never into it.
+        let (outcomes, held) = tokio::join!(
+            self.source.fetch(&self.queues),
+            self.source.held_tasks(&self.queues)
+        );
         self.metrics.refreshes.inc();
         self.metrics
             .refresh_duration
@@ -111,6 +115,13 @@ impl RefreshLoop {
                 }
             }
             next.record(&queue, outcome, at, at_wall);
+        }
+        match held {
+            Ok(held) => next.set_held(Some(held)),
+            Err(error) => {
+                tracing::debug!(%error, "task instances held in scheduled unknown this refresh");
+                next.set_held(None);
+            }
         }
         let now = Instant::now();
         self.log_staleness(&next, now, &mut logged.stale);

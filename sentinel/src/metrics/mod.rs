@@ -48,6 +48,7 @@ pub struct Metrics {
     worker_expected_slots: IntGaugeVec,
     worker_oldest_queued_age: GaugeVec,
     worker_desired_replicas: IntGaugeVec,
+    worker_held_tasks: IntGaugeVec,
     worker_available: IntGaugeVec,
     worker_replicas: ReplicaGauges,
     /// Serialises scrapes: the gauges are reset and refilled for each one.
@@ -216,6 +217,12 @@ impl Metrics {
                 "ceil(backlog / syncSlots) held between minReplicas and maxReplicas (absent when not fresh).",
                 &["worker"],
             ),
+            worker_held_tasks: gauge_vec(
+                &r,
+                "astro_sentinel_worker_held_tasks",
+                "Task instances on the worker's queues that Airflow holds in scheduled ([core] parallelism, pools, max_active_tasks): waiting, never in the backlog (absent when not fresh or not counted).",
+                &["worker"],
+            ),
             worker_available: gauge_vec(
                 &r,
                 "astro_sentinel_worker_available",
@@ -275,6 +282,7 @@ impl Metrics {
         self.worker_expected_slots.reset();
         self.worker_oldest_queued_age.reset();
         self.worker_desired_replicas.reset();
+        self.worker_held_tasks.reset();
         for worker in workers {
             let name = worker.name.as_str();
             match worker_answer(worker, snapshot, now, staleness_limit) {
@@ -292,6 +300,11 @@ impl Metrics {
                     self.worker_desired_replicas
                         .with_label_values(&[name])
                         .set(i64::from(b.desired_replicas));
+                    if let Some(held) = b.held_tasks {
+                        self.worker_held_tasks
+                            .with_label_values(&[name])
+                            .set(saturating_i64(held));
+                    }
                 }
                 WorkerAnswer::Unavailable(_) => {
                     self.worker_available.with_label_values(&[name]).set(0);
