@@ -397,8 +397,11 @@ def run_scenario(source, airflow, client, trigger_dag, astro_agent, sentinel_bin
     # launcher imports Airflow, a few seconds.
     lag = 1 + refreshes // 10
     first_task_looks = 5
+    # And every 30 s one count of the queue's task instances held in scheduled.
+    held = s.metric("astro_sentinel_held_task_reads_total")
+    assert held >= 1
     assert refreshes * upstream_per_refresh - lag <= upstream \
-        <= (refreshes + 1) * upstream_per_refresh + 4 + first_task_looks, (refreshes, upstream)
+        <= (refreshes + 1) * upstream_per_refresh + 4 + first_task_looks + held, (refreshes, upstream, held)
 
     # 3. Thirty more queued, then the upstream goes away: the last value, then 503 — never 0.
     trigger_dag(DAG)

@@ -39,6 +39,11 @@ pub struct RefreshLoop {
 /// recovered upstream is noticed well within a staleness limit.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// How often the task instances Airflow holds back are counted: a finding over minutes, not a
+/// scaling input, so not at every refresh (which would double the cost per refresh of the
+/// airflow-api source, one count per queue).
+pub const HELD_READ_INTERVAL: Duration = Duration::from_secs(30);
+
 /// Which queues are known to be failing or stale, so each change is logged once.
 #[derive(Default)]
 struct Logged {
@@ -51,6 +56,7 @@ impl RefreshLoop {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.interval, MAX_BACKOFF.max(self.interval));
         let mut logged = Logged::default();
+        let mut held_read_at: Option<tokio::time::Instant> = None;
         loop {
             if shutdown.is_cancelled() {
                 return;
@@ -58,7 +64,7 @@ impl RefreshLoop {
             // Tokio's clock, so that a test with paused time drives the cadence.
             let started = tokio::time::Instant::now();
             let all_failed = tokio::select! {
-                all_failed = self.refresh_once(&mut logged) => all_failed,
+                all_failed = self.refresh_once(&mut logged, &mut held_read_at) => all_failed,
                 _ = shutdown.cancelled() => return,
             };
             let pause = if all_failed {
@@ -77,15 +83,29 @@ impl RefreshLoop {
     }
 
     /// Reads every queue once and publishes the result; returns whether every queue failed.
-    async fn refresh_once(&self, logged: &mut Logged) -> bool {
+    async fn refresh_once(
+        &self,
+        logged: &mut Logged,
+        held_read_at: &mut Option<tokio::time::Instant>,
+    ) -> bool {
         // Values are dated from when the read began: an age may be overstated by the read's
         // duration, never understated.
         let (at, at_wall) = (Instant::now(), SystemTime::now());
-        // The tasks Airflow holds back are read beside the backlog, never into it.
-        let (outcomes, held) = tokio::join!(
-            self.source.fetch(&self.queues),
-            self.source.held_tasks(&self.queues)
-        );
+        // The tasks Airflow holds back are read beside the backlog, never into it, and only
+        // every HELD_READ_INTERVAL; in between the last count is kept.
+        let read_held = held_read_at.is_none_or(|t| t.elapsed() >= HELD_READ_INTERVAL);
+        let held_read = async {
+            if read_held {
+                Some(self.source.held_tasks(&self.queues).await)
+            } else {
+                None
+            }
+        };
+        let (outcomes, held) = tokio::join!(self.source.fetch(&self.queues), held_read);
+        if read_held {
+            *held_read_at = Some(tokio::time::Instant::now());
+            self.metrics.held_task_reads.inc();
+        }
         self.metrics.refreshes.inc();
         self.metrics
             .refresh_duration
@@ -117,11 +137,12 @@ impl RefreshLoop {
             next.record(&queue, outcome, at, at_wall);
         }
         match held {
-            Ok(held) => next.set_held(Some(held)),
-            Err(error) => {
+            Some(Ok(held)) => next.set_held(Some(held)),
+            Some(Err(error)) => {
                 tracing::debug!(%error, "task instances held in scheduled unknown this refresh");
                 next.set_held(None);
             }
+            None => {}
         }
         let now = Instant::now();
         self.log_staleness(&next, now, &mut logged.stale);

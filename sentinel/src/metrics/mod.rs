@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 pub struct Metrics {
     registry: Registry,
     pub refreshes: IntCounter,
+    pub held_task_reads: IntCounter,
     pub refresh_duration: Histogram,
     pub queue_refresh_failures: IntCounterVec,
     pub upstream_requests: IntCounterVec,
@@ -116,6 +117,13 @@ impl Metrics {
                 IntCounter::new(
                     "astro_sentinel_refreshes_total",
                     "Refresh cycles run (each reads every configured queue once).",
+                ),
+            ),
+            held_task_reads: register(
+                &r,
+                IntCounter::new(
+                    "astro_sentinel_held_task_reads_total",
+                    "Counts of the task instances Airflow holds in `scheduled` (every 30 s, beside a refresh): one request per queue (airflow-api) or one query (postgres).",
                 ),
             ),
             refresh_duration: register(
