@@ -88,7 +88,8 @@ class Sentinel:
     """One astro-sentinel process with a config file and a static token."""
 
     def __init__(self, binary: Path, folder: Path, source: dict, env: dict[str, str],
-                 workers: list[dict] | None = None, refresh: float = REFRESH, staleness: float = STALENESS):
+                 workers: list[dict] | None = None, refresh: float = REFRESH, staleness: float = STALENESS,
+                 settings: dict | None = None):
         self.folder = folder
         self.port = free_port()
         folder.mkdir(parents=True, exist_ok=True)
@@ -103,6 +104,7 @@ class Sentinel:
                 {"name": WORKER, "queues": [QUEUE], "syncSlots": SYNC_SLOTS, "minReplicas": 0, "maxReplicas": 10},
                 {"name": SHARED, "queues": [QUEUE], "syncSlots": 16, "minReplicas": 1, "maxReplicas": 5},
             ],
+            **(settings or {}),
         }
         # JSON is YAML: no YAML library needed to write the config.
         (folder / "sentinel.yaml").write_text(json.dumps(config, indent=2))

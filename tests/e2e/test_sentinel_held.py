@@ -53,7 +53,9 @@ def test_tasks_held_by_a_pool_are_reported_and_scale_nothing(source, airflow, tr
         pg = urlparse(airflow.postgres_url)
         source_config = {"type": "postgres", "postgres": {"sslMode": "disable"}}
         env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
-    s = Sentinel(sentinel_bin, tmp_path / "sentinel", source_config, env, workers=WORKERS)
+    # Counted at every refresh here (30 s by default, a finding over minutes).
+    s = Sentinel(sentinel_bin, tmp_path / "sentinel", source_config, env, workers=WORKERS,
+                 settings={"heldTasksInterval": f"{int(REFRESH * 1000)}ms"})
     run_id = None
     try:
         s.start()

@@ -116,6 +116,7 @@ impl Generation {
             readiness: shared.readiness.clone(),
             interval: config.refresh_interval,
             staleness_limit: config.staleness_limit,
+            held_tasks_interval: config.held_tasks_interval,
             history: history_recorder(&config, &shared.history, pool, shared.source.kind()),
             pre_warm: Some(pre_warm),
         };

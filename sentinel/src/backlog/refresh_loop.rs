@@ -30,6 +30,8 @@ pub struct RefreshLoop {
     pub readiness: Readiness,
     pub interval: Duration,
     pub staleness_limit: Duration,
+    /// How often the task instances Airflow holds back are counted (beside a refresh).
+    pub held_tasks_interval: Duration,
     pub history: HistoryRecorder,
     /// Puts the pre-warm's expected slots into each snapshot; `None`: no pre-warm.
     pub pre_warm: Option<Arc<PreWarm>>,
@@ -38,11 +40,6 @@ pub struct RefreshLoop {
 /// The longest pause between attempts while the upstream is down: short enough that a
 /// recovered upstream is noticed well within a staleness limit.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-
-/// How often the task instances Airflow holds back are counted: a finding over minutes, not a
-/// scaling input, so not at every refresh (which would double the cost per refresh of the
-/// airflow-api source, one count per queue).
-pub const HELD_READ_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Which queues are known to be failing or stale, so each change is logged once.
 #[derive(Default)]
@@ -92,8 +89,8 @@ impl RefreshLoop {
         // duration, never understated.
         let (at, at_wall) = (Instant::now(), SystemTime::now());
         // The tasks Airflow holds back are read beside the backlog, never into it, and only
-        // every HELD_READ_INTERVAL; in between the last count is kept.
-        let read_held = held_read_at.is_none_or(|t| t.elapsed() >= HELD_READ_INTERVAL);
+        // every `held_tasks_interval`; in between the last count is kept.
+        let read_held = held_read_at.is_none_or(|t| t.elapsed() >= self.held_tasks_interval);
         let held_read = async {
             if read_held {
                 Some(self.source.held_tasks(&self.queues).await)

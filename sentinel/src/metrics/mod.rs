@@ -123,7 +123,7 @@ impl Metrics {
                 &r,
                 IntCounter::new(
                     "astro_sentinel_held_task_reads_total",
-                    "Counts of the task instances Airflow holds in `scheduled` (every 30 s, beside a refresh): one request per queue (airflow-api) or one query (postgres).",
+                    "Counts of the task instances Airflow holds in `scheduled` (every `heldTasksInterval`, beside a refresh): one request per queue (airflow-api) or one query (postgres).",
                 ),
             ),
             refresh_duration: register(
