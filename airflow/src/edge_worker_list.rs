@@ -18,6 +18,26 @@ pub struct ListedEdgeWorker {
     /// re-registrations under the same name.
     #[serde(default)]
     pub first_online: Option<String>,
+    /// What the worker last reported of itself in its heartbeat; `None` before its first.
+    #[serde(default)]
+    pub sysinfo: Option<ReportedSysInfo>,
+}
+
+/// The part of a worker's `sysinfo` the list is read for. The provider keeps the map as the
+/// worker sent it (text, whole or decimal numbers), so a value of another type reads as
+/// absent rather than failing the whole list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct ReportedSysInfo {
+    #[serde(default)]
+    concurrency: Option<serde_json::Value>,
+}
+
+impl ReportedSysInfo {
+    /// Reads the JSON text the provider stores in its `edge_worker.sysinfo` column; text
+    /// that is not such a map reads as nothing reported.
+    pub fn from_json_text(text: &str) -> Option<ReportedSysInfo> {
+        serde_json::from_str(text).ok()
+    }
 }
 
 /// What a listed worker's state means for the count of running workers.
@@ -33,9 +53,7 @@ pub enum Presence {
 
 impl ListedEdgeWorker {
     pub fn presence(&self) -> Presence {
-        let state: Option<WorkerState> =
-            serde_json::from_value(serde_json::Value::String(self.state.clone())).ok();
-        match state {
+        match self.known_state() {
             Some(
                 WorkerState::Running
                 | WorkerState::Idle
@@ -47,6 +65,29 @@ impl ListedEdgeWorker {
             Some(WorkerState::ShutdownRequest | WorkerState::Terminating) => Presence::Leaving,
             _ => Presence::Absent,
         }
+    }
+
+    /// The task slots the worker runs with, as it reported them (`sysinfo.concurrency`).
+    pub fn concurrency(&self) -> Option<u32> {
+        let reported = self.sysinfo.as_ref()?.concurrency.as_ref()?.as_u64()?;
+        u32::try_from(reported).ok().filter(|slots| *slots > 0)
+    }
+
+    /// Whether the worker is in, or on its way into, maintenance: online, but taking no new
+    /// jobs until someone ends it.
+    pub fn in_maintenance(&self) -> bool {
+        matches!(
+            self.known_state(),
+            Some(
+                WorkerState::MaintenanceRequest
+                    | WorkerState::MaintenancePending
+                    | WorkerState::MaintenanceMode
+            )
+        )
+    }
+
+    fn known_state(&self) -> Option<WorkerState> {
+        serde_json::from_value(serde_json::Value::String(self.state.clone())).ok()
     }
 
     /// Whether the worker takes jobs from any of `queues`.
@@ -68,6 +109,47 @@ mod tests {
             state: state.into(),
             queues: queues.map(|q| q.iter().map(|s| s.to_string()).collect()),
             first_online: None,
+            sysinfo: None,
+        }
+    }
+
+    #[test]
+    fn concurrency_is_read_from_sysinfo_and_odd_values_are_absent() {
+        let with = |sysinfo: &str| ListedEdgeWorker {
+            sysinfo: ReportedSysInfo::from_json_text(sysinfo),
+            ..listed("idle", None)
+        };
+        assert_eq!(
+            with(r#"{"concurrency": 8, "free_concurrency": 8}"#).concurrency(),
+            Some(8)
+        );
+        for odd in [
+            r#"{"concurrency": "8"}"#,
+            r#"{"concurrency": -1}"#,
+            r#"{"concurrency": 0}"#,
+            "{}",
+            "not json",
+        ] {
+            assert_eq!(with(odd).concurrency(), None, "{odd}");
+        }
+        let page: ListedEdgeWorker = serde_json::from_str(
+            r#"{"worker_name": "w", "state": "idle", "queues": null, "sysinfo": {"concurrency": 4, "airflow_version": "3.1.0"}}"#,
+        )
+        .unwrap();
+        assert_eq!(page.concurrency(), Some(4));
+    }
+
+    #[test]
+    fn maintenance_states_are_online_and_in_maintenance() {
+        for (state, maintenance) in [
+            ("maintenance request", true),
+            ("maintenance pending", true),
+            ("maintenance mode", true),
+            ("maintenance exit", false),
+            ("offline maintenance", false),
+            ("idle", false),
+        ] {
+            assert_eq!(listed(state, None).in_maintenance(), maintenance, "{state}");
         }
     }
 

@@ -59,13 +59,17 @@ fn sample(i: u64, w: usize) -> Sample {
             running: Some(workers.saturating_sub(1)),
             waiting: Some((i % 5) as u32 / 4), // 1 one refresh in five
             terminating: Some((i % 7) as u32 / 6), // 1 one refresh in seven
+            paused: Some(i.is_multiple_of(13)),
         },
         backlog,
         queued: backlog / 2,
         running_tasks: backlog - backlog / 2,
+        held_tasks: (i % 3) as u32,
         min_replicas: 1,
         max_replicas: 20,
         sync_slots: 4,
+        paused: i.is_multiple_of(13),
+        slot_drift: i.is_multiple_of(17).then_some(8),
     }
 }
 

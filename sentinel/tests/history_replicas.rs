@@ -102,6 +102,7 @@ fn start_replica(
         readiness: Readiness::default(),
         interval: config.refresh_interval,
         staleness_limit: config.staleness_limit,
+        held_tasks_interval: config.held_tasks_interval,
         history: HistoryRecorder::new(
             history.clone(),
             RecorderInputs {

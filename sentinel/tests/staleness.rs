@@ -244,17 +244,20 @@ async fn upstream_cost_does_not_depend_on_how_often_keda_asks() {
     let m = keda_get(addr, "/metrics", None).await.body;
     let refreshes = metric(&m, "astro_sentinel_refreshes_total");
     let upstream_requests = metric(&m, "astro_sentinel_upstream_requests_total");
+    let held_reads = metric(&m, "astro_sentinel_held_task_reads_total");
     assert!(asked > 100, "only {asked} requests");
+    assert!(held_reads >= 1.0, "the held-back tasks were never counted");
     // Two distinct queues with under a page of task instances each: one request each per
-    // refresh, and the list of Edge workers once per refresh interval on its own cadence (a
-    // refresh may be in flight while the metrics are read: its requests are counted, the
-    // refresh not yet).
+    // refresh, the list of Edge workers once per refresh interval on its own cadence (a refresh
+    // may be in flight while the metrics are read: its requests are counted, the refresh not
+    // yet), and one count of each queue's scheduled task instances per held-back read.
+    let expected = |refreshes: f64| refreshes * 3.0 + held_reads * 2.0;
     assert!(
-        upstream_requests >= refreshes * 3.0 - 1.0
-            && upstream_requests <= (refreshes + 1.0) * 3.0 + 1.0,
-        "{upstream_requests} upstream requests for {refreshes} refreshes"
+        upstream_requests >= expected(refreshes) - 1.0
+            && upstream_requests <= expected(refreshes + 1.0) + 2.0 + 1.0,
+        "{upstream_requests} upstream requests for {refreshes} refreshes and {held_reads} held-back reads"
     );
-    assert!(fake.requests() as f64 <= (refreshes + 1.0) * 3.0 + 1.0);
+    assert!(fake.requests() as f64 <= expected(refreshes + 1.0) + 2.0 + 1.0);
     assert!(refreshes <= 1.0 + (started.elapsed().as_secs_f64() + 1.0) / 0.2 + 1.0);
     let served = metric(
         &m,

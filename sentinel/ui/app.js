@@ -455,6 +455,8 @@
     setTile("tile-maximum", "At maximum", duration(tiles.atMaximumSeconds));
     setTile("tile-waiting", "Waiting for capacity",
       missing.has("waiting") ? "not available" : duration(tiles.waitingForCapacitySeconds));
+    setTile("tile-paused", "Paused", duration(tiles.pausedSeconds));
+    setTile("tile-held", "Held back by Airflow", duration(tiles.heldBackSeconds));
 
     renderChart(h, range, missing);
 
@@ -661,6 +663,16 @@
       }, "recording started"));
     }
 
+    // Paused time first, so that the lines are drawn over it.
+    const paused = points.filter((p) => p.paused === true);
+    for (const p of paused) {
+      const x1 = fmt(x(p.ms));
+      const x2 = fmt(x(Math.min(p.ms + step, to)));
+      svg.append(svgEl("rect", {
+        class: "paused-band", "data-series": "paused", x: x1, y: c.top, width: fmt(Math.max(x2 - x1, 1)), height: plotH,
+      }));
+    }
+
     for (const line of drawn) {
       const d = linePath(points, line.key, step, to, x, y, fmt);
       if (d) {
@@ -674,10 +686,15 @@
     }
     $("chart-box").replaceChildren(svg);
 
-    $("chart-legend").replaceChildren(...LINES.slice().reverse().map((l) => el("li",
+    const legend = LINES.slice().reverse().map((l) => el("li",
       { class: missing.has(l.key) ? "legend-item absent" : "legend-item", "data-series": l.key },
       el("span", { class: `swatch ${l.cls}`, "aria-hidden": "true" }),
-      missing.has(l.key) ? `${l.label} (not available)` : l.label)));
+      missing.has(l.key) ? `${l.label} (not available)` : l.label));
+    if (paused.length) {
+      legend.push(el("li", { class: "legend-item", "data-series": "paused" },
+        el("span", { class: "swatch paused-band", "aria-hidden": "true" }), "Paused"));
+    }
+    $("chart-legend").replaceChildren(...legend);
   }
 
   // The current min and max written at the right end of their lines: where recording began
@@ -743,6 +760,7 @@
       const hi = Math.max(...values);
       parts.push(lo === hi ? `${line.label}: ${lo}` : `${line.label}: from ${lo} to ${hi}`);
     }
+    if (points.some((p) => p.paused === true)) parts.push("paused for part of the period");
     return `${parts.join("; ")}.`;
   }
 

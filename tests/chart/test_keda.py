@@ -176,6 +176,8 @@ def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
     assert role["rules"] == [
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        # KEDA's pause annotations: a paused pool is paused in the history, not stuck.
+        {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "list", "watch"]},
     ]
     binding = r.get("RoleBinding", "astro-sentinel")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "astro-sentinel", "namespace": NAMESPACE}]

@@ -206,7 +206,7 @@ def test_rules_file_names_the_metrics_the_agent_and_sentinel_export():
         "astro_agent_tasks_finished_total", "astro_sentinel_worker_available",
         "astro_sentinel_worker_backlog", "astro_sentinel_worker_replicas",
         "astro_sentinel_worker_max_replicas", "astro_sentinel_worker_pods",
-        "astro_sentinel_worker_oldest_queued_age_seconds",
+        "astro_sentinel_worker_oldest_queued_age_seconds", "astro_sentinel_pool_paused",
     }
     # The pool alerts read no agent series: those vanish when the pool is at zero.
     pool_alerts = ("AstroAgentPoolStuckAtZero", "AstroAgentTasksQueuedTooLong", "AstroAgentPoolAtMaximum",

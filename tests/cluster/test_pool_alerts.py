@@ -3,10 +3,14 @@ its Service, as the chart's ServiceMonitor would) and evaluates the chart's aler
 helm renders them into the PrometheusRule with short `thresholds`. Only the Sentinel is scraped:
 these alerts must not need the workers' series, which vanish with a pool's last pod.
 
-1. At zero: a KEDA pool held at 0 by `autoscaling.keda.sh/paused-replicas: "0"` (KEDA not
-   acting) gets tasks. AstroAgentPoolStuckAtZero fires, and AstroAgentTasksQueuedTooLong once
-   the oldest task has waited over the limit; once the pause is lifted, KEDA wakes the pool, both
-   alerts resolve and the tasks run.
+1. At zero: a KEDA pool held at 0 by `autoscaling.keda.sh/paused-replicas: "0"` gets tasks.
+   Paused on purpose: the Sentinel exports `astro_sentinel_pool_paused` 1 (read from KEDA's own
+   annotation on the real ScaledObject) and its history finds "Paused for …", and
+   AstroAgentPoolStuckAtZero stays silent although its bare condition holds longer than its
+   `for`, while AstroAgentTasksQueuedTooLong fires (the wait is real). Then the ScaledObject is
+   deleted: the Deployment stays at 0 with nothing scaling it, not paused, and
+   AstroAgentPoolStuckAtZero fires. Once the release restores the ScaledObject unpaused, KEDA
+   wakes the pool, both alerts resolve and the tasks run.
 2. No room: a pool whose pods need 1.5 CPUs (one per 2-CPU node; the namespace's own two) is driven to its maximum of 4;
    two pods stay unschedulable and AstroAgentPodsUnschedulable fires for it, with their count, and
    AstroAgentPoolAtMaximum, since tasks stay queued while the pool is at its maximum.
@@ -19,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from harness.procs import wait_for
 from harness.prometheus_server import PrometheusServer
@@ -31,6 +36,7 @@ RELEASE = "alerts"
 ZERO = "astro-worker-zero"
 BIG = "astro-worker-big"
 SENTINEL_TARGET = f"astro-sentinel.{NAMESPACE}.svc:39092"
+SENTINEL = f"http://{SENTINEL_TARGET}"
 THRESHOLD = "10s"
 QUEUED_TOO_LONG_SECONDS = 5
 PAUSED = {"autoscaling.keda.sh/paused-replicas": "0"}
@@ -90,6 +96,16 @@ def pools(cluster, nodes, keda, airflow, release_factory, tmp_path_factory):
         yield release, prom
 
 
+def _history_with(token: str, deployment: str, kind: str) -> dict | None:
+    """The worker's 15-minute history once it holds a finding of ``kind``."""
+    response = requests.get(f"{SENTINEL}/v1/workers/{deployment}/history", params={"range": "15m"},
+                            headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    if response.status_code != 200:
+        return None
+    history = response.json()
+    return history if any(f["kind"] == kind for f in history["findings"]) else None
+
+
 def _value(prom: PrometheusServer, expr: str) -> float | None:
     found = prom.query(expr)
     return float(found[0]["value"][1]) if found else None
@@ -127,16 +143,40 @@ def test_pool_stuck_at_zero_fires_from_the_sentinel_alone(cluster, airflow, pool
     triggered = time.monotonic()
     wait_for(lambda: (_value(prom, f'astro_sentinel_worker_backlog{{worker="{ZERO}"}}') or 0) > 0, 120,
              "the Sentinel to see the queued tasks")
-    fired = _all_fired(prom, alerts, ZERO, 120)
+    # Paused on purpose: the wait is reported, the pool is not "stuck".
+    assert _value(prom, f'astro_sentinel_pool_paused{{worker="{ZERO}"}}') == 1
+    (queued_too_long,) = _all_fired(prom, ["AstroAgentTasksQueuedTooLong"], ZERO, 120).values()
+    stuck_condition = (f'astro_sentinel_worker_backlog{{worker="{ZERO}"}} > 0 '
+                       f'and astro_sentinel_worker_replicas{{worker="{ZERO}"}} == 0')
+    # The bare condition held for longer than the alert's `for` (10 s), sampled every second.
+    wait_for(lambda: (_value(prom, f"count_over_time(({stuck_condition})[15s:1s])") or 0) >= 15, 60,
+             "the stuck-at-zero condition to hold 15 s")
+    assert not prom.query(f'ALERTS{{alertname="AstroAgentPoolStuckAtZero",worker="{ZERO}"}}'), \
+        "paused on purpose: neither pending nor firing"
+    token = cluster.secret_value(NAMESPACE, "astro-keda-sentinel-token", "token")
+    history = wait_for(lambda: _history_with(token, ZERO, "paused"), 60, "the history's paused finding")
+    paused = next(f for f in history["findings"] if f["kind"] == "paused")
+    assert paused["text"].startswith("Paused for ") and history["tiles"]["pausedSeconds"] >= 10, history["tiles"]
+    assert history["tiles"]["atMaximumSeconds"] == 0 and all(p["paused"] for p in history["series"][-3:])
+
+    # Nothing scales the Deployment any more (the ScaledObject is gone): stuck, not paused.
+    cluster.custom.delete_namespaced_custom_object("keda.sh", "v1alpha1", NAMESPACE, "scaledobjects", ZERO)
+    wait_for(lambda: _value(prom, f'astro_sentinel_pool_paused{{worker="{ZERO}"}}') == 0, 60,
+             "the Sentinel to see the pause gone with its ScaledObject")
+    unpaused_at_zero = time.monotonic()
+    (stuck,) = _all_fired(prom, ["AstroAgentPoolStuckAtZero"], ZERO, 120).values()
     both_fired = time.monotonic()
+    fired = {"AstroAgentPoolStuckAtZero": stuck, "AstroAgentTasksQueuedTooLong": queued_too_long}
     assert fired["AstroAgentPoolStuckAtZero"]["metric"]["severity"] == "critical"
     assert fired["AstroAgentTasksQueuedTooLong"]["metric"]["severity"] == "warning"
     assert {a["metric"]["namespace"] for a in fired.values()} == {NAMESPACE}
     assert (_value(prom, f'astro_sentinel_worker_oldest_queued_age_seconds{{worker="{ZERO}"}}') or 0) \
         > QUEUED_TOO_LONG_SECONDS
     assert cluster.deployment(NAMESPACE, ZERO).spec.replicas == 0
+    print(f"\nAstroAgentPoolStuckAtZero fired {both_fired - unpaused_at_zero:.1f} s after the pause ended "
+          f"with the ScaledObject")
 
-    # KEDA acts again: the pool wakes, the alert resolves, the tasks run.
+    # The release restores the ScaledObject, unpaused: the pool wakes, the alert resolves, the tasks run.
     release.upgrade(_values(airflow, paused=False))
     unpaused = time.monotonic()
     wait_for(lambda: (_value(prom, f'astro_sentinel_worker_replicas{{worker="{ZERO}"}}') or 0) >= 1, 120,

@@ -99,6 +99,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tls": ("test_tls.py",),
     # Queue `compat` (e2e_compat_mix), one agent at a time.
     "queue-compat": ("test_compat_mix.py",),
+    # Queue `sentinel-held`: each source's Sentinel counts every run held on the queue.
+    "queue-sentinel-held": ("test_sentinel_held.py",),
+    # Queue `sentinel-pause`: each source's Sentinel sees every Edge worker serving the queue
+    # (the other's maintenance or concurrency would be its pool's too).
+    "queue-sentinel-pause": ("test_sentinel_pause_and_slots.py",),
 }
 
 

@@ -88,7 +88,8 @@ class Sentinel:
     """One astro-sentinel process with a config file and a static token."""
 
     def __init__(self, binary: Path, folder: Path, source: dict, env: dict[str, str],
-                 workers: list[dict] | None = None, refresh: float = REFRESH, staleness: float = STALENESS):
+                 workers: list[dict] | None = None, refresh: float = REFRESH, staleness: float = STALENESS,
+                 settings: dict | None = None):
         self.folder = folder
         self.port = free_port()
         folder.mkdir(parents=True, exist_ok=True)
@@ -103,6 +104,7 @@ class Sentinel:
                 {"name": WORKER, "queues": [QUEUE], "syncSlots": SYNC_SLOTS, "minReplicas": 0, "maxReplicas": 10},
                 {"name": SHARED, "queues": [QUEUE], "syncSlots": 16, "minReplicas": 1, "maxReplicas": 5},
             ],
+            **(settings or {}),
         }
         # JSON is YAML: no YAML library needed to write the config.
         (folder / "sentinel.yaml").write_text(json.dumps(config, indent=2))
@@ -397,8 +399,11 @@ def run_scenario(source, airflow, client, trigger_dag, astro_agent, sentinel_bin
     # launcher imports Airflow, a few seconds.
     lag = 1 + refreshes // 10
     first_task_looks = 5
+    # And every 30 s one count of the queue's task instances held in scheduled.
+    held = s.metric("astro_sentinel_held_task_reads_total")
+    assert held >= 1
     assert refreshes * upstream_per_refresh - lag <= upstream \
-        <= (refreshes + 1) * upstream_per_refresh + 4 + first_task_looks, (refreshes, upstream)
+        <= (refreshes + 1) * upstream_per_refresh + 4 + first_task_looks + held, (refreshes, upstream, held)
 
     # 3. Thirty more queued, then the upstream goes away: the last value, then 503 — never 0.
     trigger_dag(DAG)

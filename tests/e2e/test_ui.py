@@ -238,7 +238,7 @@ def test_worker_list_and_scaling_history_by_keyboard(sentinel, browser, screensh
     if status == 200:
         chart_title = by_id(d, "chart").get_attribute("aria-labelledby").split()[0]
         assert by_id(d, chart_title).get_attribute("textContent") == f"Workers of {WORKER} over the last 6 hours"
-        for tile in ("tile-peak", "tile-maximum", "tile-waiting"):
+        for tile in ("tile-peak", "tile-maximum", "tile-waiting", "tile-paused", "tile-held"):
             assert by_id(d, tile).get_attribute("aria-label"), f"{tile} has no label"
     history_png = save(d, screenshots, "scaling-history.png")
 
@@ -315,7 +315,8 @@ def test_scaling_history_lines_tiles_and_findings(sentinel, browser):
 def contract_history(worker: str) -> dict:
     """A 15-minute history in the API contract's shape, with Kubernetes data: Workers and
     Running climb from 1 to the maximum of 5, one worker is terminating at the end, Running
-    has no value for the first samples."""
+    has no value for the first samples; the pool was paused for the 10th to 12th minutes and a
+    worker ran with 8 slots where the pool assumes 4."""
     now = datetime.now(timezone.utc).replace(microsecond=0)
     start = now - timedelta(minutes=15)
 
@@ -328,7 +329,8 @@ def contract_history(worker: str) -> dict:
         series.append({"t": iso(start + timedelta(minutes=minute)), "wanted": w, "desiredReplicas": w,
                        "workers": w, "running": None if minute < 2 else min(w, 4), "waiting": 0,
                        "terminating": 1 if minute == len(wanted) - 1 else 0, "backlog": 4 * w,
-                       "queued": w, "runningTasks": 3 * w, "minReplicas": 1, "maxReplicas": 5})
+                       "queued": w, "runningTasks": 3 * w, "minReplicas": 1, "maxReplicas": 5,
+                       "paused": 9 <= minute <= 11})
     series[-1]["running"] = 1
 
     def cold_start(worker_pod: str, kind: str, began: datetime, steps_ms: list[int], outcome: str,
@@ -356,8 +358,12 @@ def contract_history(worker: str) -> dict:
         "minReplicas": 1, "maxReplicas": 5, "syncSlots": 4,
         "recordedBy": "astro-sentinel-5f7c9-x2x4q", "recordingSince": iso(start - timedelta(hours=2)),
         "missing": [], "series": series,
-        "tiles": {"peakWanted": 5, "atMaximumSeconds": 120, "waitingForCapacitySeconds": 0},
-        "findings": [{"kind": "atMaximum", "text": "Ran at its maximum of 5 workers for 2 min.", "seconds": 120}],
+        "tiles": {"peakWanted": 5, "atMaximumSeconds": 120, "waitingForCapacitySeconds": 0,
+                  "pausedSeconds": 180, "heldBackSeconds": 0},
+        "findings": [{"kind": "paused", "text": "Paused for 3 min.", "seconds": 180},
+                     {"kind": "slotDrift", "seconds": 300,
+                      "text": "Worker edge-b ran with 8 slots while the autoscaler assumed 4 for 5 min."},
+                     {"kind": "atMaximum", "text": "Ran at its maximum of 5 workers for 2 min.", "seconds": 120}],
         "coldStarts": cold_starts,
         "decisions": [{"t": iso(start + timedelta(minutes=2)), "what": "desiredReplicas", "from": 1, "to": 2,
                        "queued": 2, "runningTasks": 6, "backlog": 8, "syncSlots": 4, "minReplicas": 1,
@@ -411,8 +417,21 @@ def test_page_draws_a_contract_shaped_history_with_kubernetes_data(sentinel, bro
     assert by_id(d, "tile-peak").get_attribute("aria-label") == "Peak wanted: 5 workers"
     assert by_id(d, "tile-maximum").get_attribute("aria-label") == "At maximum: 2 min"
     assert by_id(d, "tile-waiting").get_attribute("aria-label") == "Waiting for capacity: Never"
+    assert by_id(d, "tile-paused").get_attribute("aria-label") == "Paused: 3 min"
+    assert by_id(d, "tile-held").get_attribute("aria-label") == "Held back by Airflow: Never"
     assert [li.text for li in by_id(d, "findings").find_elements(By.TAG_NAME, "li")] == [
+        "Paused for 3 min.", "Worker edge-b ran with 8 slots while the autoscaler assumed 4 for 5 min.",
         "Ran at its maximum of 5 workers for 2 min."]
+    # The paused minutes: a band of its own colour behind the lines, named in the legend.
+    bands = chart.find_elements(By.CSS_SELECTOR, 'rect[data-series="paused"]')
+    assert len(bands) == 3, len(bands)
+    assert bands[0].value_of_css_property("fill") not in {
+        chart.find_element(By.CSS_SELECTOR, f'path[data-series="{k}"]').value_of_css_property("stroke")
+        for k in ("wanted", "workers", "running", "maxReplicas")}
+    band_x = [float(b.get_attribute("x")) for b in bands]
+    assert band_x == sorted(band_x) and wanted_x < band_x[0]
+    assert "Paused" in [li.text for li in by_id(d, "chart-legend").find_elements(By.TAG_NAME, "li")]
+    assert "paused for part of the period" in chart.find_element(By.TAG_NAME, "desc").get_attribute("textContent")
     assert not by_id(d, "missing-note").is_displayed()
     assert by_id(d, "recorded-by").text.startswith("Recorded by astro-sentinel-5f7c9-x2x4q since ")
     rows = by_id(d, "decisions").find_elements(By.CSS_SELECTOR, "tbody tr")

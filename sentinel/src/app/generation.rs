@@ -14,7 +14,10 @@ use crate::history::store::History;
 use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
 use crate::pool::cold_start::airflow_phases::AirflowPhases;
-use crate::pool::{ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, WorkloadWatch};
+use crate::pool::{
+    ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, KubernetesPoolView,
+    WorkloadWatch,
+};
 use crate::schedule::plan::Plan;
 use crate::schedule::pre_warm::PreWarm;
 use crate::schedule::reader::{PoolQueues, ScheduleReader, ScheduleSource};
@@ -113,6 +116,7 @@ impl Generation {
             readiness: shared.readiness.clone(),
             interval: config.refresh_interval,
             staleness_limit: config.staleness_limit,
+            held_tasks_interval: config.held_tasks_interval,
             history: history_recorder(&config, &shared.history, pool, shared.source.kind()),
             pre_warm: Some(pre_warm),
         };
@@ -406,7 +410,7 @@ fn start_pool_view(
             shared.source.clone(),
             workers,
             config.refresh_interval,
-            shared.cold_starts.clone(),
+            Some(shared.cold_starts.clone()),
         ));
         tasks.spawn(census.clone().run(tasks.shutdown.clone()));
         return Ok(census);
@@ -429,11 +433,19 @@ fn start_pool_view(
             source: shared.source.clone(),
             watch: watch.clone(),
             pods: kube::Api::namespaced(client, &k8s.namespace),
-            workers,
+            workers: workers.clone(),
             interval: config.refresh_interval,
             patches: shared.metrics.pod_deletion_cost_patches.clone(),
         };
         tasks.spawn(costs.run(tasks.shutdown.clone()));
     }
-    Ok(watch)
+    // The pods time the cold starts here: the census only reads the slots workers report.
+    let census = Arc::new(EdgeWorkerCensus::new(
+        shared.source.clone(),
+        workers,
+        config.refresh_interval,
+        None,
+    ));
+    tasks.spawn(census.clone().run(tasks.shutdown.clone()));
+    Ok(Arc::new(KubernetesPoolView { watch, census }))
 }

@@ -37,6 +37,9 @@ pub struct Snapshot {
     queues: HashMap<String, QueueEntry>,
     /// Pre-warm: each worker's expected slots for its scheduled runs (absent: none).
     expected: HashMap<String, Expected>,
+    /// Task instances Airflow holds in `scheduled` per queue, as last read (absent: unknown).
+    /// Never part of a backlog: no worker could take them.
+    held: HashMap<String, u64>,
 }
 
 impl Snapshot {
@@ -48,6 +51,7 @@ impl Snapshot {
                 .map(|q| (q.clone(), QueueEntry::default()))
                 .collect(),
             expected: HashMap::new(),
+            held: HashMap::new(),
         }
     }
 
@@ -65,7 +69,21 @@ impl Snapshot {
                 })
                 .collect(),
             expected: HashMap::new(),
+            held: HashMap::new(),
         }
+    }
+
+    /// Task instances held in `scheduled` over `queues`; `None` unless every one was read.
+    pub fn held(&self, queues: &[String]) -> Option<u64> {
+        queues
+            .iter()
+            .map(|q| self.held.get(q).copied())
+            .sum::<Option<u64>>()
+    }
+
+    /// Replaces the held counts with the last read; `None`: the read failed (all unknown).
+    pub fn set_held(&mut self, held: Option<HashMap<String, u64>>) {
+        self.held = held.unwrap_or_default();
     }
 
     /// `worker`'s expected slots from the schedule, if any window is open for it.

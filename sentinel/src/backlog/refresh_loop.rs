@@ -30,6 +30,8 @@ pub struct RefreshLoop {
     pub readiness: Readiness,
     pub interval: Duration,
     pub staleness_limit: Duration,
+    /// How often the task instances Airflow holds back are counted (beside a refresh).
+    pub held_tasks_interval: Duration,
     pub history: HistoryRecorder,
     /// Puts the pre-warm's expected slots into each snapshot; `None`: no pre-warm.
     pub pre_warm: Option<Arc<PreWarm>>,
@@ -51,6 +53,7 @@ impl RefreshLoop {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.interval, MAX_BACKOFF.max(self.interval));
         let mut logged = Logged::default();
+        let mut held_read_at: Option<tokio::time::Instant> = None;
         loop {
             if shutdown.is_cancelled() {
                 return;
@@ -58,7 +61,7 @@ impl RefreshLoop {
             // Tokio's clock, so that a test with paused time drives the cadence.
             let started = tokio::time::Instant::now();
             let all_failed = tokio::select! {
-                all_failed = self.refresh_once(&mut logged) => all_failed,
+                all_failed = self.refresh_once(&mut logged, &mut held_read_at) => all_failed,
                 _ = shutdown.cancelled() => return,
             };
             let pause = if all_failed {
@@ -77,11 +80,29 @@ impl RefreshLoop {
     }
 
     /// Reads every queue once and publishes the result; returns whether every queue failed.
-    async fn refresh_once(&self, logged: &mut Logged) -> bool {
+    async fn refresh_once(
+        &self,
+        logged: &mut Logged,
+        held_read_at: &mut Option<tokio::time::Instant>,
+    ) -> bool {
         // Values are dated from when the read began: an age may be overstated by the read's
         // duration, never understated.
         let (at, at_wall) = (Instant::now(), SystemTime::now());
-        let outcomes = self.source.fetch(&self.queues).await;
+        // The tasks Airflow holds back are read beside the backlog, never into it, and only
+        // every `held_tasks_interval`; in between the last count is kept.
+        let read_held = held_read_at.is_none_or(|t| t.elapsed() >= self.held_tasks_interval);
+        let held_read = async {
+            if read_held {
+                Some(self.source.held_tasks(&self.queues).await)
+            } else {
+                None
+            }
+        };
+        let (outcomes, held) = tokio::join!(self.source.fetch(&self.queues), held_read);
+        if read_held {
+            *held_read_at = Some(tokio::time::Instant::now());
+            self.metrics.held_task_reads.inc();
+        }
         self.metrics.refreshes.inc();
         self.metrics
             .refresh_duration
@@ -111,6 +132,14 @@ impl RefreshLoop {
                 }
             }
             next.record(&queue, outcome, at, at_wall);
+        }
+        match held {
+            Some(Ok(held)) => next.set_held(Some(held)),
+            Some(Err(error)) => {
+                tracing::debug!(%error, "task instances held in scheduled unknown this refresh");
+                next.set_held(None);
+            }
+            None => {}
         }
         let now = Instant::now();
         self.log_staleness(&next, now, &mut logged.stale);

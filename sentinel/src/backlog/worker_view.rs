@@ -48,6 +48,10 @@ pub struct WorkerBacklog {
     /// How long the longest-waiting queued task instance has been queued, as of now; 0 when
     /// none is queued.
     pub oldest_queued_age_seconds: f64,
+    /// Task instances on the worker's queues that Airflow holds in `scheduled` (`[core]
+    /// parallelism`, pools, `max_active_tasks`): waiting, but never in `backlog`, since no
+    /// worker could take them. `null` when the last refresh could not count them.
+    pub held_tasks: Option<u64>,
     pub sync_slots: u32,
     pub desired_replicas: u32,
     pub min_replicas: u32,
@@ -205,6 +209,7 @@ pub fn worker_answer(
         queued_tasks,
         running_tasks,
         oldest_queued_age_seconds: seconds(oldest_queued),
+        held_tasks: snapshot.held(&worker.queues),
         sync_slots: worker.sync_slots,
         desired_replicas: desired_replicas(
             backlog.max(expected_slots),
@@ -330,6 +335,40 @@ mod tests {
         assert_eq!(desired_replicas(40, 5, 1, 8), 8);
         assert_eq!(desired_replicas(60, 5, 1, 8), 8);
         assert_eq!(desired_replicas(3, 5, 1, 8), 1);
+    }
+
+    #[test]
+    fn held_tasks_stand_beside_the_backlog_never_in_it() {
+        let now = Instant::now();
+        let mut s = Snapshot::empty(&["a".to_string(), "b".to_string()]);
+        s.record("a", Ok(tasks(1, 0)), now, SystemTime::now());
+        s.record("b", Ok(tasks(0, 0)), now, SystemTime::now());
+        let answer = |s: &Snapshot| match worker_answer(
+            &worker(&["a", "b"], 1, 0, 10),
+            s,
+            now,
+            Duration::from_secs(30),
+        ) {
+            WorkerAnswer::Ready(b) => b,
+            WorkerAnswer::Unavailable(u) => panic!("{u:?}"),
+        };
+        assert_eq!(answer(&s).held_tasks, None, "never counted");
+        s.set_held(Some([("a".to_string(), 3), ("b".to_string(), 2)].into()));
+        let b = answer(&s);
+        assert_eq!(b.held_tasks, Some(5));
+        assert_eq!(
+            (b.backlog, b.desired_replicas),
+            (1, 1),
+            "held tasks scale nothing"
+        );
+        s.set_held(Some([("a".to_string(), 3)].into()));
+        assert_eq!(
+            answer(&s).held_tasks,
+            None,
+            "queue b not counted: the sum is unknown"
+        );
+        s.set_held(None);
+        assert_eq!(answer(&s).held_tasks, None);
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Config {
     pub refresh_interval: Duration,
     /// A queue value older than this is not served (its workers answer 503).
     pub staleness_limit: Duration,
+    /// How often the task instances Airflow holds back (`scheduled`) are counted.
+    pub held_tasks_interval: Duration,
     pub source: SourceConfig,
     pub auth: AuthConfig,
     pub workers: Vec<WorkerConfig>,
@@ -155,6 +157,9 @@ pub struct WorkerConfig {
 
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_STALENESS_LIMIT: Duration = Duration::from_secs(30);
+/// Held-back tasks feed a finding over minutes, not a scaling input: counting them at every
+/// refresh would double the airflow-api source's cost per refresh (one count per queue).
+pub const DEFAULT_HELD_TASKS_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
 /// KEDA's bound tokens live one hour; a cached verdict must end well before the token does.
 pub const MAX_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(600);
@@ -171,6 +176,8 @@ struct RawConfig {
     refresh_interval: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     staleness_limit: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    held_tasks_interval: Option<Duration>,
     source: Option<RawSource>,
     #[serde(default)]
     auth: Option<RawAuth>,
@@ -308,6 +315,16 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             humantime::format_duration(staleness_limit)
         )));
     }
+    let held_tasks_interval = raw
+        .held_tasks_interval
+        .unwrap_or(DEFAULT_HELD_TASKS_INTERVAL);
+    if held_tasks_interval < refresh_interval {
+        return Err(ConfigError::new(format!(
+            "heldTasksInterval: must be at least refreshInterval ({}), got {}",
+            humantime::format_duration(refresh_interval),
+            humantime::format_duration(held_tasks_interval)
+        )));
+    }
     let source = validate_source(raw.source)?;
     let auth = validate_auth(raw.auth.unwrap_or_default())?;
     let history = validate_history(raw.history.unwrap_or_default())?;
@@ -341,6 +358,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     Ok(Config {
         refresh_interval,
         staleness_limit,
+        held_tasks_interval,
         source,
         auth,
         workers,
@@ -732,6 +750,7 @@ workers:
         let c = with_workers("  - {name: w, queues: [a]}\n").unwrap();
         assert_eq!(c.refresh_interval, DEFAULT_REFRESH_INTERVAL);
         assert_eq!(c.staleness_limit, DEFAULT_STALENESS_LIMIT);
+        assert_eq!(c.held_tasks_interval, DEFAULT_HELD_TASKS_INTERVAL);
     }
 
     #[test]
@@ -806,6 +825,13 @@ workers:
             .unwrap_err()
             .0;
         assert!(e.contains("stalenessLimit"), "{e}");
+        let e = Config::parse(&format!("{BASE}heldTasksInterval: 1s\n"))
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("heldTasksInterval: must be at least refreshInterval"),
+            "{e}"
+        );
         let e = Config::parse("source: {type: mysql}\nauth: {disabled: true}\n")
             .unwrap_err()
             .0;

@@ -56,8 +56,12 @@ pub struct Point {
     pub backlog: u32,
     pub queued: u32,
     pub running_tasks: u32,
+    /// The most task instances Airflow held in `scheduled` within the bucket.
+    pub held_tasks: u32,
     pub min_replicas: u32,
     pub max_replicas: u32,
+    /// Scaling was paused on purpose for some of the bucket.
+    pub paused: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -88,6 +92,14 @@ const CLUSTER_LINES: [(&str, LineOf); 4] = [
     ("terminating", |b| b.peak.terminating.get()),
 ];
 
+/// What the answer says besides the recorded buckets.
+pub struct AnswerContext<'a> {
+    pub recorded_by: &'a str,
+    pub cold_starts: ColdStartsAnswer,
+    /// The last worker seen running with other slots than the pool's, when known.
+    pub drifting_worker: Option<&'a str>,
+}
+
 /// The answer for `worker` over `range` ending at `now_ms`; `history` is `None` when nothing
 /// has been recorded for it yet.
 pub fn history_answer(
@@ -95,8 +107,7 @@ pub fn history_answer(
     history: Option<&WorkerHistory>,
     range: HistoryRange,
     now_ms: u64,
-    recorded_by: &str,
-    cold_starts: ColdStartsAnswer,
+    context: AnswerContext<'_>,
 ) -> HistoryAnswer {
     let empty = WorkerHistory::default();
     let history = history.unwrap_or(&empty);
@@ -116,18 +127,18 @@ pub fn history_answer(
         min_replicas: worker.min_replicas,
         max_replicas: worker.max_replicas,
         sync_slots: worker.sync_slots,
-        recorded_by: recorded_by.to_string(),
+        recorded_by: context.recorded_by.to_string(),
         recording_since: history.recording_since_ms(now_ms).map(rfc3339),
         missing,
         series: window.buckets.iter().map(|b| point(b)).collect(),
         tiles: tiles(&totals),
-        findings: findings(&totals, range),
+        findings: findings(&totals, range, context.drifting_worker),
         decisions: history
             .decisions()
             .since(window.from_ms)
             .map(decision_entry)
             .collect(),
-        cold_starts,
+        cold_starts: context.cold_starts,
         pre_warm: PreWarmSummary::default(),
         history_kept: HistoryKept::Memory,
         scaled_by: ScaledBy::Keda,
@@ -146,8 +157,10 @@ fn point(b: &Bucket) -> Point {
         backlog: b.peak.backlog,
         queued: b.peak.queued,
         running_tasks: b.peak.running_tasks,
+        held_tasks: b.peak.held_tasks,
         min_replicas: b.min_replicas,
         max_replicas: b.max_replicas,
+        paused: b.paused_ms > 0,
     }
 }
 
@@ -194,6 +207,14 @@ mod tests {
         }
     }
 
+    fn context(recorded_by: &str) -> AnswerContext<'_> {
+        AnswerContext {
+            recorded_by,
+            cold_starts: ColdStartsAnswer::default(),
+            drifting_worker: None,
+        }
+    }
+
     #[test]
     fn nothing_recorded_is_an_empty_answer_not_zeros() {
         let a = history_answer(
@@ -201,8 +222,7 @@ mod tests {
             None,
             HistoryRange::OneDay,
             NOW_MS,
-            "sentinel-0",
-            ColdStartsAnswer::default(),
+            context("sentinel-0"),
         );
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["series"], serde_json::json!([]));
@@ -241,8 +261,7 @@ mod tests {
             Some(&h),
             HistoryRange::FifteenMinutes,
             NOW_MS,
-            "s-1",
-            ColdStartsAnswer::default(),
+            context("s-1"),
         );
         let json = serde_json::to_value(&a).unwrap();
         assert_eq!(json["worker"], "astro-worker-default");
@@ -261,13 +280,15 @@ mod tests {
             series[0],
             serde_json::json!({"t": "2027-01-15T07:58:00Z", "wanted": 2, "desiredReplicas": 2,
                 "workers": null, "running": null, "waiting": null, "terminating": null,
-                "backlog": 8, "queued": 4, "runningTasks": 4, "minReplicas": 1, "maxReplicas": 5})
+                "backlog": 8, "queued": 4, "runningTasks": 4, "heldTasks": 0, "minReplicas": 1,
+                "maxReplicas": 5, "paused": false})
         );
         assert_eq!(series[1]["workers"], 3, "the peak within the bucket");
         assert_eq!(series[1]["waiting"], 1);
         assert_eq!(
             json["tiles"],
-            serde_json::json!({"peakWanted": 3, "atMaximumSeconds": 0, "waitingForCapacitySeconds": 2})
+            serde_json::json!({"peakWanted": 3, "atMaximumSeconds": 0, "waitingForCapacitySeconds": 2,
+                "pausedSeconds": 0, "heldBackSeconds": 0})
         );
         let decisions = json["decisions"].as_array().unwrap();
         assert_eq!(decisions.len(), 2);

@@ -7,6 +7,14 @@
 //! * "Needed fewer than its minimum of M workers for P% of the time it was running." when
 //!   wanted < minimum for at least 90 % of the running time, and running time reaches
 //!   2 h × range ÷ 1 day.
+//! * "Paused for T." for time with scaling stopped on purpose (KEDA's pause annotations,
+//!   Airflow's maintenance), the same threshold; that time counts in no other tile or finding.
+//! * "Worker W ran with 8 slots while the autoscaler assumed 16 for T." for time with a worker
+//!   whose reported slots differ from the pool's `syncSlots`, the same threshold.
+//! * "Held below its maximum by Airflow for T: up to N tasks waited as scheduled." for time
+//!   with task instances Airflow holds in `scheduled` while the pool was below its maximum,
+//!   the same threshold. Which limit held them (`[core] parallelism`, a pool, a DAG's
+//!   `max_active_tasks`) Airflow does not record.
 //! * Otherwise "Stayed within its range over this period."
 
 use super::duration_text::human_duration;
@@ -24,10 +32,18 @@ pub struct RangeTotals {
     pub waiting_ms: Option<u64>,
     pub running_ms: u64,
     pub below_minimum_ms: u64,
+    pub paused_ms: u64,
+    pub slot_drift_ms: u64,
+    pub held_back_ms: u64,
+    /// The most task instances held in `scheduled` at once.
+    pub peak_held_tasks: u32,
+    /// The slots of the last drifting worker in the range.
+    pub drift_slots: Option<u32>,
     pub peak_wanted: Option<u32>,
     /// The worker's range at the last bucket (what the text names).
     pub min_replicas: u32,
     pub max_replicas: u32,
+    pub sync_slots: u32,
 }
 
 impl RangeTotals {
@@ -42,9 +58,15 @@ impl RangeTotals {
             }
             t.running_ms += u64::from(b.running_ms);
             t.below_minimum_ms += u64::from(b.below_minimum_ms);
+            t.paused_ms += u64::from(b.paused_ms);
+            t.slot_drift_ms += u64::from(b.slot_drift_ms);
+            t.held_back_ms += u64::from(b.held_back_ms);
+            t.peak_held_tasks = t.peak_held_tasks.max(b.peak.held_tasks);
+            t.drift_slots = b.drift_slots.get().or(t.drift_slots);
             t.peak_wanted = Some(t.peak_wanted.unwrap_or(0).max(b.peak.wanted));
             t.min_replicas = b.min_replicas;
             t.max_replicas = b.max_replicas;
+            t.sync_slots = b.sync_slots;
         }
         t
     }
@@ -59,6 +81,9 @@ pub enum FindingKind {
     WithinRange,
     /// Idle worker-time spent on pre-warming from the schedule.
     PreWarmIdle,
+    Paused,
+    SlotDrift,
+    HeldBack,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -76,6 +101,10 @@ pub struct Tiles {
     pub peak_wanted: Option<u32>,
     pub at_maximum_seconds: Option<u64>,
     pub waiting_for_capacity_seconds: Option<u64>,
+    /// Time paused on purpose, which the other tiles leave out.
+    pub paused_seconds: Option<u64>,
+    /// Time below the maximum with tasks Airflow held in `scheduled`.
+    pub held_back_seconds: Option<u64>,
 }
 
 pub fn tiles(t: &RangeTotals) -> Tiles {
@@ -84,16 +113,63 @@ pub fn tiles(t: &RangeTotals) -> Tiles {
         peak_wanted: t.peak_wanted,
         at_maximum_seconds: any.then(|| whole_seconds(t.at_maximum_ms)),
         waiting_for_capacity_seconds: t.waiting_ms.map(whole_seconds),
+        paused_seconds: any.then(|| whole_seconds(t.paused_ms)),
+        held_back_seconds: any.then(|| whole_seconds(t.held_back_ms)),
     }
 }
 
-/// The findings for `range`; empty when the range holds no data at all.
-pub fn findings(t: &RangeTotals, range: HistoryRange) -> Vec<Finding> {
+/// The findings for `range`; empty when the range holds no data at all. `drifting_worker` names
+/// the last worker seen running with other slots than the pool's, when it is known.
+pub fn findings(
+    t: &RangeTotals,
+    range: HistoryRange,
+    drifting_worker: Option<&str>,
+) -> Vec<Finding> {
     if t.buckets == 0 {
         return Vec::new();
     }
     let threshold = range.finding_threshold_ms();
     let mut out = Vec::new();
+    if t.paused_ms >= threshold {
+        let seconds = whole_seconds(t.paused_ms);
+        out.push(Finding {
+            kind: FindingKind::Paused,
+            text: format!("Paused for {}.", human_duration(seconds)),
+            seconds,
+        });
+    }
+    if t.held_back_ms >= threshold {
+        let seconds = whole_seconds(t.held_back_ms);
+        let tasks = if t.peak_held_tasks == 1 {
+            "1 task".to_string()
+        } else {
+            format!("{} tasks", t.peak_held_tasks)
+        };
+        out.push(Finding {
+            kind: FindingKind::HeldBack,
+            text: format!(
+                "Held below its maximum by Airflow for {}: up to {tasks} waited as scheduled.",
+                human_duration(seconds)
+            ),
+            seconds,
+        });
+    }
+    if t.slot_drift_ms >= threshold {
+        let seconds = whole_seconds(t.slot_drift_ms);
+        let who = drifting_worker.map_or_else(|| "A worker".to_string(), |w| format!("Worker {w}"));
+        let with = t
+            .drift_slots
+            .map_or_else(|| "other slots".to_string(), slots);
+        out.push(Finding {
+            kind: FindingKind::SlotDrift,
+            text: format!(
+                "{who} ran with {with} while the autoscaler assumed {} for {}.",
+                t.sync_slots,
+                human_duration(seconds)
+            ),
+            seconds,
+        });
+    }
     if t.at_maximum_ms >= threshold {
         let seconds = whole_seconds(t.at_maximum_ms);
         out.push(Finding {
@@ -143,6 +219,14 @@ pub fn findings(t: &RangeTotals, range: HistoryRange) -> Vec<Finding> {
     out
 }
 
+fn slots(n: u32) -> String {
+    if n == 1 {
+        "1 slot".into()
+    } else {
+        format!("{n} slots")
+    }
+}
+
 fn workers(n: u32) -> String {
     if n == 1 {
         "1 worker".into()
@@ -182,7 +266,7 @@ mod tests {
             waiting_ms: Some(40 * 60_000),
             ..totals(86_400_000)
         };
-        let f = findings(&t, HistoryRange::FifteenMinutes);
+        let f = findings(&t, HistoryRange::FifteenMinutes, None);
         assert_eq!(f[0].text, "Ran at its maximum of 5 workers for 2 min.");
         assert_eq!(f[0].seconds, 120);
         assert_eq!(
@@ -196,7 +280,7 @@ mod tests {
             ..totals(86_400_000)
         };
         assert_eq!(
-            findings(&t, HistoryRange::OneDay)[0].text,
+            findings(&t, HistoryRange::OneDay, None)[0].text,
             "Needed fewer than its minimum of 2 workers for 95% of the time it was running."
         );
         let t = RangeTotals {
@@ -205,11 +289,11 @@ mod tests {
             ..totals(86_400_000)
         };
         assert_eq!(
-            findings(&t, HistoryRange::OneDay)[0].text,
+            findings(&t, HistoryRange::OneDay, None)[0].text,
             "Ran at its maximum of 1 worker for 2 h."
         );
         assert_eq!(
-            findings(&totals(60_000), HistoryRange::OneDay),
+            findings(&totals(60_000), HistoryRange::OneDay, None),
             vec![Finding {
                 kind: FindingKind::WithinRange,
                 text: "Stayed within its range over this period.".into(),
@@ -219,15 +303,61 @@ mod tests {
     }
 
     #[test]
+    fn paused_and_slot_drift_read_like_the_issue() {
+        let t = RangeTotals {
+            paused_ms: 3 * 3_600_000,
+            slot_drift_ms: 40 * 60_000,
+            drift_slots: Some(8),
+            sync_slots: 16,
+            ..totals(86_400_000)
+        };
+        let f = findings(&t, HistoryRange::OneDay, Some("edge-a"));
+        assert_eq!(kinds(&f), vec![FindingKind::Paused, FindingKind::SlotDrift]);
+        assert_eq!(f[0].text, "Paused for 3 h.");
+        assert_eq!(
+            f[1].text,
+            "Worker edge-a ran with 8 slots while the autoscaler assumed 16 for 40 min."
+        );
+        assert_eq!(
+            findings(&t, HistoryRange::OneDay, None)[1].text,
+            "A worker ran with 8 slots while the autoscaler assumed 16 for 40 min."
+        );
+        assert_eq!(tiles(&t).paused_seconds, Some(3 * 3600));
+        let held = RangeTotals {
+            held_back_ms: 40 * 60_000,
+            peak_held_tasks: 12,
+            ..totals(86_400_000)
+        };
+        let f = findings(&held, HistoryRange::OneDay, None);
+        assert_eq!(
+            f[0].text,
+            "Held below its maximum by Airflow for 40 min: up to 12 tasks waited as scheduled."
+        );
+        assert_eq!(tiles(&held).held_back_seconds, Some(2400));
+        // Below the range's threshold (15 min on a day): neither.
+        let short = RangeTotals {
+            paused_ms: 15 * 60_000 - 1,
+            slot_drift_ms: 15 * 60_000 - 1,
+            ..t
+        };
+        assert_eq!(
+            kinds(&findings(&short, HistoryRange::OneDay, None)),
+            vec![FindingKind::WithinRange]
+        );
+    }
+
+    #[test]
     fn no_data_no_findings_and_null_tiles() {
         let empty = RangeTotals::default();
-        assert!(findings(&empty, HistoryRange::OneDay).is_empty());
+        assert!(findings(&empty, HistoryRange::OneDay, None).is_empty());
         assert_eq!(
             tiles(&empty),
             Tiles {
                 peak_wanted: None,
                 at_maximum_seconds: None,
-                waiting_for_capacity_seconds: None
+                waiting_for_capacity_seconds: None,
+                paused_seconds: None,
+                held_back_seconds: None,
             }
         );
         let no_pods = totals(1000);
@@ -248,17 +378,17 @@ mod tests {
             ..totals(86_400_000)
         };
         // Exactly 90 % at exactly the floor.
-        let f = findings(&with(floor, floor / 10 * 9), HistoryRange::OneDay);
+        let f = findings(&with(floor, floor / 10 * 9), HistoryRange::OneDay, None);
         assert_eq!(kinds(&f), vec![FindingKind::BelowMinimum]);
         assert!(f[0].text.contains("for 90%"), "{}", f[0].text);
         // Just under 90 %.
-        let f = findings(&with(floor, floor / 10 * 9 - 1), HistoryRange::OneDay);
+        let f = findings(&with(floor, floor / 10 * 9 - 1), HistoryRange::OneDay, None);
         assert_eq!(kinds(&f), vec![FindingKind::WithinRange]);
         // 100 % but 1 ms short of the running floor.
-        let f = findings(&with(floor - 1, floor - 1), HistoryRange::OneDay);
+        let f = findings(&with(floor - 1, floor - 1), HistoryRange::OneDay, None);
         assert_eq!(kinds(&f), vec![FindingKind::WithinRange]);
         // The floor scales: 15 minutes of running is enough on a 1 h range (5 min floor).
-        let f = findings(&with(15 * 60_000, 15 * 60_000), HistoryRange::OneHour);
+        let f = findings(&with(15 * 60_000, 15 * 60_000), HistoryRange::OneHour, None);
         assert_eq!(kinds(&f), vec![FindingKind::BelowMinimum]);
         assert!(f[0].text.contains("for 100%"));
     }

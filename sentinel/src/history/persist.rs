@@ -31,8 +31,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 const MAGIC: &[u8; 8] = b"ASTROHST";
-/// Bumped whenever the payload's types change shape.
-const FORMAT_VERSION: u32 = 1;
+/// Bumped whenever the payload's types change shape (2: a bucket keeps paused time, held-back
+/// tasks and slot drift).
+const FORMAT_VERSION: u32 = 2;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 32;
 pub const SAVE_INTERVAL: Duration = Duration::from_secs(60);
 /// How far past now a loaded bucket or decision may be dated: clocks of two nodes disagree a
@@ -344,8 +345,11 @@ mod tests {
             "truncated"
         );
         let mut newer = good.clone();
-        newer[8..12].copy_from_slice(&2u32.to_le_bytes());
-        assert_eq!(decode(&newer).unwrap_err(), DecodeError::OtherVersion(2));
+        newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        assert_eq!(
+            decode(&newer).unwrap_err(),
+            DecodeError::OtherVersion(FORMAT_VERSION + 1)
+        );
 
         // A payload with a sound checksum but another tier layout.
         let mut tiers = TIERS;

@@ -7,7 +7,7 @@
 //! The first refresh stands for one refresh interval.
 
 use super::decisions::DecisionSource;
-use super::sample::Sample;
+use super::sample::{drifting, Sample};
 use super::store::History;
 use crate::backlog::cache::Snapshot;
 use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
@@ -83,7 +83,13 @@ impl HistoryRecorder {
                             present,
                         );
                     }
-                    Some((worker.name.as_str(), Sample::new(&answer, view)))
+                    let slots = self.cluster.worker_slots(&worker.name);
+                    if let Some(drifting) = drifting(&slots, worker.sync_slots) {
+                        self.history
+                            .note_drifting_worker(&worker.name, &drifting.worker);
+                    }
+                    let sample = Sample::new(&answer, view).with_worker_slots(&slots);
+                    Some((worker.name.as_str(), sample))
                 }
                 WorkerAnswer::Unavailable(_) => None,
             }
@@ -99,7 +105,7 @@ mod tests {
     use super::super::range::HistoryRange;
     use super::super::store::HistoryData;
     use super::*;
-    use crate::pool::{ClusterView, NoClusterSource};
+    use crate::pool::{ClusterView, NoClusterSource, WorkerSlots};
     use crate::sources::QueueBacklog;
     use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -133,6 +139,52 @@ mod tests {
                 ClusterView::default()
             }
         }
+    }
+
+    /// Airflow's side outside Kubernetes: paused or not, and one worker with 2 slots.
+    struct EdgeWorkers {
+        paused: bool,
+    }
+
+    impl ClusterSource for EdgeWorkers {
+        fn view(&self, _: &str) -> ClusterView {
+            ClusterView {
+                running: Some(1),
+                terminating: Some(0),
+                paused: Some(self.paused),
+                ..ClusterView::default()
+            }
+        }
+
+        fn worker_slots(&self, _: &str) -> Vec<WorkerSlots> {
+            vec![WorkerSlots {
+                worker: "edge-a".into(),
+                slots: 2,
+            }]
+        }
+    }
+
+    #[test]
+    fn paused_time_and_a_drifting_worker_become_findings() {
+        let (clock, history, recorder) = setup(Arc::new(EdgeWorkers { paused: true }));
+        let now = Instant::now();
+        // Busy enough for the maximum of 5: paused, it is not "at maximum".
+        for _ in 0..6 {
+            recorder.record_refresh(&snapshot(Some(tasks(30, 10)), now), now);
+            clock.advance(Duration::from_secs(2));
+        }
+        let a = history.answer(&worker(), HistoryRange::FifteenMinutes);
+        let texts: Vec<&str> = a.findings.iter().map(|f| f.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            vec![
+                "Paused for 12 s.",
+                "Worker edge-a ran with 2 slots while the autoscaler assumed 4 for 12 s."
+            ]
+        );
+        assert_eq!(a.tiles.paused_seconds, Some(12));
+        assert_eq!(a.tiles.at_maximum_seconds, Some(0));
+        assert!(a.series.iter().all(|p| p.paused));
     }
 
     fn worker() -> WorkerConfig {
@@ -249,6 +301,7 @@ mod tests {
             running: Some(3),
             waiting: Some(1),
             terminating: Some(0),
+            paused: Some(false),
         };
         let (_clock, history, recorder) = setup(Arc::new(FixedCluster(view)));
         let now = Instant::now();

@@ -1,8 +1,12 @@
-//! One worker's inputs at one refresh, and the states the findings count: running, at its
-//! maximum, waiting for capacity, wanting fewer workers than its minimum.
+//! One worker's inputs at one refresh, and the states the findings count: paused, running, at
+//! its maximum, waiting for capacity, wanting fewer workers than its minimum, a worker running
+//! with other slots than the pool's.
+//!
+//! Paused time (KEDA's pause annotations, Airflow's maintenance) is nobody's shortfall: it
+//! counts as paused and as none of the other states.
 
 use crate::backlog::worker_view::{wanted_replicas, WorkerBacklog};
-use crate::pool::ClusterView;
+use crate::pool::{ClusterView, WorkerSlots};
 
 /// What the Sentinel saw for one worker at one refresh. Task counts are stored as `u32`
 /// (saturating): a queue with four billion task instances is not a case worth 4 bytes a line.
@@ -19,9 +23,16 @@ pub struct Sample {
     pub queued: u32,
     /// Running task instances.
     pub running_tasks: u32,
+    /// Task instances Airflow holds in `scheduled` (0 when not counted): not in `backlog`.
+    pub held_tasks: u32,
     pub min_replicas: u32,
     pub max_replicas: u32,
     pub sync_slots: u32,
+    /// Scaling stopped on purpose (unknown reads as not paused).
+    pub paused: bool,
+    /// The slots a worker of the pool reported running with, when one reported other than
+    /// `sync_slots` (the first such by name).
+    pub slot_drift: Option<u32>,
 }
 
 impl Sample {
@@ -33,15 +44,27 @@ impl Sample {
             backlog: saturate(answer.backlog),
             queued: saturate(answer.queued_tasks),
             running_tasks: saturate(answer.running_tasks),
+            held_tasks: saturate(answer.held_tasks.unwrap_or(0)),
             min_replicas: answer.min_replicas,
             max_replicas: answer.max_replicas,
             sync_slots: answer.sync_slots,
+            paused: cluster.paused.unwrap_or(false),
+            slot_drift: None,
         }
+    }
+
+    /// With the slots the pool's workers reported: the first that differs from `sync_slots`.
+    pub fn with_worker_slots(mut self, slots: &[WorkerSlots]) -> Sample {
+        self.slot_drift = drifting(slots, self.sync_slots).map(|w| w.slots);
+        self
     }
 
     /// The pool is doing something: a worker runs, or (without pod data) workers are set or
     /// wanted. A pool at 0 with nothing to do is not running.
     pub fn is_running(&self) -> bool {
+        if self.paused {
+            return false;
+        }
         match self.cluster.running {
             Some(running) => running > 0,
             None => self.cluster.workers.unwrap_or(0) > 0 || self.wanted > 0,
@@ -52,18 +75,31 @@ impl Sample {
     /// asks for does. A pool whose maximum is 0 is switched off, not held back.
     pub fn at_maximum(&self) -> bool {
         let count = self.cluster.workers.unwrap_or(self.desired_replicas);
-        self.max_replicas > 0 && count == self.max_replicas
+        !self.paused && self.max_replicas > 0 && count == self.max_replicas
     }
 
     /// Some worker waits for room on the cluster; `None` when nothing reports pending pods.
     pub fn waiting_for_capacity(&self) -> Option<bool> {
-        self.cluster.waiting.map(|waiting| waiting > 0)
+        self.cluster
+            .waiting
+            .map(|waiting| !self.paused && waiting > 0)
+    }
+
+    /// Airflow holds tasks back while the pool is below its maximum and not paused: room the
+    /// autoscaler would use, had Airflow queued them.
+    pub fn held_below_maximum(&self) -> bool {
+        self.held_tasks > 0 && !self.paused && !self.at_maximum()
     }
 
     /// Running while the backlog calls for fewer workers than the minimum keeps.
     pub fn below_minimum_while_running(&self) -> bool {
         self.is_running() && self.wanted < self.min_replicas
     }
+}
+
+/// The first worker (by name) of `slots` that runs with other than `sync_slots`.
+pub fn drifting(slots: &[WorkerSlots], sync_slots: u32) -> Option<&WorkerSlots> {
+    slots.iter().find(|w| w.slots != sync_slots)
 }
 
 fn saturate(n: u64) -> u32 {
@@ -85,9 +121,12 @@ pub(crate) mod tests {
             backlog,
             queued: backlog / 2,
             running_tasks: backlog - backlog / 2,
+            held_tasks: 0,
             min_replicas: min,
             max_replicas: max,
             sync_slots: slots,
+            paused: false,
+            slot_drift: None,
         }
     }
 
@@ -97,13 +136,80 @@ pub(crate) mod tests {
             running: Some(running),
             waiting: Some(waiting),
             terminating: Some(0),
+            paused: Some(false),
         };
         s
     }
 
     #[test]
-    fn built_from_the_answer_keda_gets() {
-        let answer = WorkerBacklog {
+    fn paused_time_is_none_of_the_other_states() {
+        let mut s = with_cluster(sample(20), 5, 4, 1);
+        (s.min_replicas, s.wanted) = (2, 1);
+        assert!(s.at_maximum() && s.is_running() && s.waiting_for_capacity() == Some(true));
+        s.paused = true;
+        assert!(!s.at_maximum());
+        assert!(!s.is_running());
+        assert!(!s.below_minimum_while_running());
+        assert_eq!(
+            s.waiting_for_capacity(),
+            Some(false),
+            "known, and not waiting"
+        );
+        let mut view = s.cluster;
+        view.paused = Some(true);
+        let answer_paused = Sample::new(&answer(), view);
+        assert!(answer_paused.paused);
+        view.paused = None;
+        assert!(
+            !Sample::new(&answer(), view).paused,
+            "unknown is not paused"
+        );
+    }
+
+    #[test]
+    fn held_back_counts_below_the_maximum_only() {
+        let mut s = sample(4);
+        assert!(!s.held_below_maximum(), "nothing held");
+        s.held_tasks = 3;
+        assert!(s.held_below_maximum());
+        assert!(Sample::new(&answer(), ClusterView::default()).held_tasks == 7);
+        let mut at_max = sample(20);
+        at_max.held_tasks = 3;
+        assert!(
+            !at_max.held_below_maximum(),
+            "at its maximum: nothing more to add"
+        );
+        s.paused = true;
+        assert!(!s.held_below_maximum());
+    }
+
+    #[test]
+    fn the_first_worker_with_other_slots_is_the_drift() {
+        let slots = |list: &[(&str, u32)]| -> Vec<WorkerSlots> {
+            list.iter()
+                .map(|(w, n)| WorkerSlots {
+                    worker: w.to_string(),
+                    slots: *n,
+                })
+                .collect()
+        };
+        assert_eq!(
+            sample(4)
+                .with_worker_slots(&slots(&[("a", 4), ("b", 4)]))
+                .slot_drift,
+            None
+        );
+        assert_eq!(
+            sample(4)
+                .with_worker_slots(&slots(&[("a", 4), ("b", 8), ("c", 2)]))
+                .slot_drift,
+            Some(8)
+        );
+        assert_eq!(sample(4).with_worker_slots(&[]).slot_drift, None);
+    }
+
+    fn answer() -> WorkerBacklog {
+        WorkerBacklog {
             worker: "w".into(),
             queues: vec!["q".into()],
             queued: 60,
@@ -114,14 +220,19 @@ pub(crate) mod tests {
             queued_tasks: 30,
             running_tasks: 10,
             oldest_queued_age_seconds: 0.0,
+            held_tasks: Some(7),
             sync_slots: 4,
             desired_replicas: 5,
             min_replicas: 1,
             max_replicas: 5,
             updated_at: String::new(),
             age_seconds: 0.0,
-        };
-        let s = Sample::new(&answer, ClusterView::default());
+        }
+    }
+
+    #[test]
+    fn built_from_the_answer_keda_gets() {
+        let s = Sample::new(&answer(), ClusterView::default());
         assert_eq!(
             (s.wanted, s.desired_replicas),
             (18, 5),

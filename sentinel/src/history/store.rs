@@ -1,7 +1,7 @@
 //! The history of every worker, shared by the refresh loop (the one writer, once per refresh)
 //! and the API (readers). The lock is held only to add one refresh or to build one answer.
 
-use super::answer::{history_answer, HistoryAnswer};
+use super::answer::{history_answer, AnswerContext, HistoryAnswer};
 use super::clock::{unix_ms, WallClock};
 use super::decisions::DecisionSource;
 use super::findings::{Finding, FindingKind};
@@ -13,7 +13,7 @@ use crate::config::file::WorkerConfig;
 use crate::pool::cold_start::answer::cold_starts_answer;
 use crate::pool::ColdStarts;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What is kept (and saved): each worker's history by worker name.
@@ -53,6 +53,9 @@ pub struct History {
     /// The pools' cold starts, kept in memory only (a restarted Sentinel times new ones).
     cold_starts: Option<Arc<ColdStarts>>,
     pre_warm: Arc<PreWarmLog>,
+    /// Per worker pool, the last of its workers seen running with other slots than the pool's
+    /// (in memory only: the finding names it while this Sentinel has seen it).
+    drifting_workers: Mutex<HashMap<String, String>>,
 }
 
 impl History {
@@ -65,6 +68,7 @@ impl History {
             kept: HistoryKept::Memory,
             cold_starts: None,
             pre_warm: Arc::default(),
+            drifting_workers: Mutex::default(),
         }
     }
 
@@ -117,6 +121,17 @@ impl History {
     }
 
     /// The answer for `worker` over `range`, ending now.
+    /// Remembers `drifting` as the pool's last worker seen with other slots than the pool's.
+    pub fn note_drifting_worker(&self, pool: &str, drifting: &str) {
+        let mut names = self
+            .drifting_workers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if names.get(pool).map(String::as_str) != Some(drifting) {
+            names.insert(pool.to_string(), drifting.to_string());
+        }
+    }
+
     pub fn answer(&self, worker: &WorkerConfig, range: HistoryRange) -> HistoryAnswer {
         let now_ms = self.now_ms();
         let from_ms = now_ms.saturating_sub(range.millis());
@@ -125,14 +140,23 @@ impl History {
             .as_ref()
             .map(|c| cold_starts_answer(&c.starts_since(&worker.name, from_ms), c.chain()))
             .unwrap_or_default();
+        let drifting_worker = self
+            .drifting_workers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&worker.name)
+            .cloned();
         let data = self.lock();
         let mut answer = history_answer(
             worker,
             data.workers.get(&worker.name),
             range,
             now_ms,
-            &self.recorded_by,
-            cold_starts,
+            AnswerContext {
+                recorded_by: &self.recorded_by,
+                cold_starts,
+                drifting_worker: drifting_worker.as_deref(),
+            },
         );
         let pre_warm = self
             .pre_warm

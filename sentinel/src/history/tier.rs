@@ -72,6 +72,7 @@ pub struct Peaks {
     pub backlog: u32,
     pub queued: u32,
     pub running_tasks: u32,
+    pub held_tasks: u32,
     pub workers: MaybeCount,
     pub running: MaybeCount,
     pub waiting: MaybeCount,
@@ -86,6 +87,7 @@ impl Peaks {
             backlog: s.backlog,
             queued: s.queued,
             running_tasks: s.running_tasks,
+            held_tasks: s.held_tasks,
             workers: MaybeCount::new(s.cluster.workers),
             running: MaybeCount::new(s.cluster.running),
             waiting: MaybeCount::new(s.cluster.waiting),
@@ -99,6 +101,7 @@ impl Peaks {
         self.backlog = self.backlog.max(o.backlog);
         self.queued = self.queued.max(o.queued);
         self.running_tasks = self.running_tasks.max(o.running_tasks);
+        self.held_tasks = self.held_tasks.max(o.held_tasks);
         self.workers = self.workers.peak(o.workers);
         self.running = self.running.peak(o.running);
         self.waiting = self.waiting.peak(o.waiting);
@@ -117,6 +120,14 @@ pub struct Bucket {
     pub waiting_ms: u32,
     pub running_ms: u32,
     pub below_minimum_ms: u32,
+    /// Time with scaling paused on purpose (counted in none of the states above).
+    pub paused_ms: u32,
+    /// Time with a worker running with other slots than the pool's `syncSlots`.
+    pub slot_drift_ms: u32,
+    /// The slots of the drifting worker at the bucket's last drift; `UNKNOWN` when none drifted.
+    pub drift_slots: MaybeCount,
+    /// Time with tasks held in `scheduled` by Airflow while below the maximum.
+    pub held_back_ms: u32,
     pub peak: Peaks,
     /// The worker's range and slots at the bucket's last sample.
     pub min_replicas: u32,
@@ -133,6 +144,10 @@ impl Bucket {
             waiting_ms: 0,
             running_ms: 0,
             below_minimum_ms: 0,
+            paused_ms: 0,
+            slot_drift_ms: 0,
+            drift_slots: MaybeCount::UNKNOWN,
+            held_back_ms: 0,
             peak: Peaks::of(s),
             min_replicas: s.min_replicas,
             max_replicas: s.max_replicas,
@@ -151,6 +166,16 @@ impl Bucket {
         self.below_minimum_ms = self
             .below_minimum_ms
             .saturating_add(when(s.below_minimum_while_running()));
+        self.paused_ms = self.paused_ms.saturating_add(when(s.paused));
+        self.slot_drift_ms = self
+            .slot_drift_ms
+            .saturating_add(when(s.slot_drift.is_some()));
+        self.held_back_ms = self
+            .held_back_ms
+            .saturating_add(when(s.held_below_maximum()));
+        if let Some(slots) = s.slot_drift {
+            self.drift_slots = MaybeCount::new(Some(slots));
+        }
         self.peak.merge(&Peaks::of(s));
         self.min_replicas = s.min_replicas;
         self.max_replicas = s.max_replicas;
@@ -263,6 +288,29 @@ mod tests {
         assert_eq!(b.peak.backlog, 20);
         assert_eq!(b.peak.workers.get(), Some(3));
         assert_eq!(b.peak.waiting.get(), Some(1));
+        assert_eq!(
+            (b.paused_ms, b.slot_drift_ms, b.drift_slots.get()),
+            (0, 0, None)
+        );
+    }
+
+    #[test]
+    fn paused_and_drifting_time_add_up_apart_from_the_other_states() {
+        let mut tier = Tier::default();
+        let mut paused = sample(20);
+        paused.paused = true;
+        tier.add(FINE, T0_MS, &paused, 2000);
+        let mut drifting = sample(20);
+        drifting.slot_drift = Some(8);
+        tier.add(FINE, T0_MS + 2000, &drifting, 3000);
+        let b = tier.window(0, u64::MAX).next().unwrap();
+        assert_eq!(b.paused_ms, 2000);
+        assert_eq!(
+            b.at_maximum_ms, 3000,
+            "the paused sample at 5 of 5 is not at its maximum"
+        );
+        assert_eq!(b.running_ms, 3000);
+        assert_eq!((b.slot_drift_ms, b.drift_slots.get()), (3000, Some(8)));
     }
 
     #[test]

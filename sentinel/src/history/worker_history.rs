@@ -113,7 +113,7 @@ mod tests {
 
     fn kinds(h: &WorkerHistory, range: HistoryRange) -> Vec<FindingKind> {
         let w = h.window(range, NOW_MS);
-        findings(&RangeTotals::of(w.buckets), range)
+        findings(&RangeTotals::of(w.buckets), range, None)
             .iter()
             .map(|f| f.kind)
             .collect()
@@ -144,7 +144,7 @@ mod tests {
                 let w = h.window(range, NOW_MS);
                 let t = RangeTotals::of(w.buckets);
                 assert_eq!(t.at_maximum_ms, at_max_ms, "{}", range.as_str());
-                let f = findings(&t, range);
+                let f = findings(&t, range, None);
                 assert_eq!(f[0].kind, expected, "{} at {at_max_ms} ms", range.as_str());
                 if expected == FindingKind::AtMaximum {
                     assert!(f[0]

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 pub struct Metrics {
     registry: Registry,
     pub refreshes: IntCounter,
+    pub held_task_reads: IntCounter,
     pub refresh_duration: Histogram,
     pub queue_refresh_failures: IntCounterVec,
     pub upstream_requests: IntCounterVec,
@@ -48,6 +49,7 @@ pub struct Metrics {
     worker_expected_slots: IntGaugeVec,
     worker_oldest_queued_age: GaugeVec,
     worker_desired_replicas: IntGaugeVec,
+    worker_held_tasks: IntGaugeVec,
     worker_available: IntGaugeVec,
     worker_replicas: ReplicaGauges,
     /// Serialises scrapes: the gauges are reset and refilled for each one.
@@ -115,6 +117,13 @@ impl Metrics {
                 IntCounter::new(
                     "astro_sentinel_refreshes_total",
                     "Refresh cycles run (each reads every configured queue once).",
+                ),
+            ),
+            held_task_reads: register(
+                &r,
+                IntCounter::new(
+                    "astro_sentinel_held_task_reads_total",
+                    "Counts of the task instances Airflow holds in `scheduled` (every `heldTasksInterval`, beside a refresh): one request per queue (airflow-api) or one query (postgres).",
                 ),
             ),
             refresh_duration: register(
@@ -216,6 +225,12 @@ impl Metrics {
                 "ceil(backlog / syncSlots) held between minReplicas and maxReplicas (absent when not fresh).",
                 &["worker"],
             ),
+            worker_held_tasks: gauge_vec(
+                &r,
+                "astro_sentinel_worker_held_tasks",
+                "Task instances on the worker's queues that Airflow holds in scheduled ([core] parallelism, pools, max_active_tasks): waiting, never in the backlog (absent when not fresh or not counted).",
+                &["worker"],
+            ),
             worker_available: gauge_vec(
                 &r,
                 "astro_sentinel_worker_available",
@@ -275,6 +290,7 @@ impl Metrics {
         self.worker_expected_slots.reset();
         self.worker_oldest_queued_age.reset();
         self.worker_desired_replicas.reset();
+        self.worker_held_tasks.reset();
         for worker in workers {
             let name = worker.name.as_str();
             match worker_answer(worker, snapshot, now, staleness_limit) {
@@ -292,6 +308,11 @@ impl Metrics {
                     self.worker_desired_replicas
                         .with_label_values(&[name])
                         .set(i64::from(b.desired_replicas));
+                    if let Some(held) = b.held_tasks {
+                        self.worker_held_tasks
+                            .with_label_values(&[name])
+                            .set(saturating_i64(held));
+                    }
                 }
                 WorkerAnswer::Unavailable(_) => {
                     self.worker_available.with_label_values(&[name]).set(0);

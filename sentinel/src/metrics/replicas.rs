@@ -7,7 +7,11 @@
 //!
 //! The replica and pod gauges come from the cluster watch and are absent while it is unknown
 //! (no `kubernetes` section, watch not listed yet or failing, no such Deployment), never 0.
-//! The bounds come from the configuration and are always present.
+//! The bounds come from the configuration and are always present. `astro_sentinel_pool_paused`
+//! (1 while KEDA's pause annotations or Airflow's maintenance stop the pool on purpose) lets the
+//! alerts leave a paused pool alone; `astro_sentinel_worker_slot_drift_workers` counts the
+//! pool's online workers that reported other task slots than its `syncSlots` (absent while no
+//! worker reported its slots).
 //!
 //! Naming follows Prometheus practice: a `sum` over any label must mean something, so
 //! `spec.replicas` and the bounds are metrics of their own rather than values of a `state` label
@@ -25,6 +29,8 @@ pub struct ReplicaGauges {
     pods: IntGaugeVec,
     min_replicas: IntGaugeVec,
     max_replicas: IntGaugeVec,
+    paused: IntGaugeVec,
+    slot_drift_workers: IntGaugeVec,
     /// Set once at start when the Sentinel has a view of the cluster.
     cluster: OnceLock<Arc<dyn ClusterSource>>,
 }
@@ -56,6 +62,18 @@ impl ReplicaGauges {
                 "The worker's maxReplicas as configured in the Sentinel.",
                 &["worker"],
             ),
+            paused: gauge_vec(
+                r,
+                "astro_sentinel_pool_paused",
+                "1 while scaling of the worker pool is paused on purpose (KEDA's paused or paused-replicas annotation on its ScaledObject; outside Kubernetes, every online worker in Airflow's maintenance), else 0 (absent while unknown).",
+                &["worker"],
+            ),
+            slot_drift_workers: gauge_vec(
+                r,
+                "astro_sentinel_worker_slot_drift_workers",
+                "Online workers of the pool that reported other task slots (Edge sysinfo concurrency) than the syncSlots the Sentinel scales by (absent while none reported).",
+                &["worker"],
+            ),
             cluster: OnceLock::new(),
         }
     }
@@ -71,6 +89,8 @@ impl ReplicaGauges {
         self.pods.reset();
         self.min_replicas.reset();
         self.max_replicas.reset();
+        self.paused.reset();
+        self.slot_drift_workers.reset();
         for worker in workers {
             let name = worker.name.as_str();
             self.min_replicas
@@ -83,6 +103,21 @@ impl ReplicaGauges {
                 continue;
             };
             let view = cluster.view(name);
+            if let Some(paused) = view.paused {
+                self.paused
+                    .with_label_values(&[name])
+                    .set(i64::from(paused));
+            }
+            let slots = cluster.worker_slots(name);
+            if !slots.is_empty() {
+                let drifting = slots
+                    .iter()
+                    .filter(|w| w.slots != worker.sync_slots)
+                    .count();
+                self.slot_drift_workers
+                    .with_label_values(&[name])
+                    .set(drifting as i64);
+            }
             if let Some(n) = view.workers {
                 self.replicas.with_label_values(&[name]).set(i64::from(n));
             }
@@ -104,7 +139,7 @@ impl ReplicaGauges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::ClusterView;
+    use crate::pool::{ClusterView, WorkerSlots};
     use prometheus::{Encoder, TextEncoder};
 
     struct OneDeployment(ClusterView);
@@ -117,6 +152,55 @@ mod tests {
                 ClusterView::default()
             }
         }
+    }
+
+    /// A paused pool whose workers reported 4 and 8 slots.
+    struct PausedWithSlots;
+
+    impl ClusterSource for PausedWithSlots {
+        fn view(&self, deployment: &str) -> ClusterView {
+            ClusterView {
+                paused: (deployment == "astro-worker-a").then_some(true),
+                ..ClusterView::default()
+            }
+        }
+
+        fn worker_slots(&self, pool: &str) -> Vec<WorkerSlots> {
+            if pool != "astro-worker-a" {
+                return Vec::new();
+            }
+            [("a-1", 4), ("a-2", 8)]
+                .into_iter()
+                .map(|(w, slots)| WorkerSlots {
+                    worker: w.into(),
+                    slots,
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn paused_and_slot_drift_only_where_known() {
+        let r = Registry::new();
+        let gauges = ReplicaGauges::register(&r);
+        gauges.follow(Arc::new(PausedWithSlots));
+        gauges.fill(&[
+            worker("astro-worker-a", 0, 5),
+            worker("astro-worker-b", 0, 5),
+        ]);
+        let text = exposition(&r);
+        assert!(
+            text.contains("astro_sentinel_pool_paused{worker=\"astro-worker-a\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("astro_sentinel_worker_slot_drift_workers{worker=\"astro-worker-a\"} 1"),
+            "one of two reported other than 4 slots: {text}"
+        );
+        assert!(!text.contains("astro_sentinel_pool_paused{worker=\"astro-worker-b\"}"));
+        assert!(
+            !text.contains("astro_sentinel_worker_slot_drift_workers{worker=\"astro-worker-b\"}")
+        );
     }
 
     fn worker(name: &str, min: u32, max: u32) -> WorkerConfig {
@@ -157,6 +241,7 @@ mod tests {
             running: Some(0),
             waiting: Some(0),
             terminating: Some(0),
+            paused: None,
         })));
         gauges.fill(&workers);
         let text = exposition(&r);
@@ -181,6 +266,7 @@ mod tests {
             running: Some(2),
             waiting: Some(3),
             terminating: Some(1),
+            paused: None,
         })));
         gauges.fill(&[worker("astro-worker-a", 0, 5)]);
         let text = exposition(&r);

@@ -22,6 +22,16 @@ pub struct ClusterView {
     pub waiting: Option<u32>,
     /// Workers being removed (draining their tasks).
     pub terminating: Option<u32>,
+    /// Scaling stopped on purpose: KEDA's pause annotations on the ScaledObject, or (outside
+    /// Kubernetes) every online worker of the pool in Airflow's maintenance.
+    pub paused: Option<bool>,
+}
+
+/// One online worker of a pool and the task slots it reported running with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSlots {
+    pub worker: String,
+    pub slots: u32,
 }
 
 pub trait ClusterSource: Send + Sync + 'static {
@@ -29,6 +39,13 @@ pub trait ClusterSource: Send + Sync + 'static {
     fn view(&self, deployment: &str) -> ClusterView {
         let _ = deployment;
         ClusterView::default()
+    }
+
+    /// The pool's online workers with the slots each reported, in name order; empty when
+    /// the source does not know (Kubernetes does not: Airflow's list of Edge workers does).
+    fn worker_slots(&self, pool: &str) -> Vec<WorkerSlots> {
+        let _ = pool;
+        Vec::new()
     }
 }
 
@@ -46,8 +63,14 @@ mod tests {
         let view = NoClusterSource.view("astro-worker-default");
         assert_eq!(view, ClusterView::default());
         assert_eq!(
-            (view.workers, view.running, view.waiting, view.terminating),
-            (None, None, None, None)
+            (
+                view.workers,
+                view.running,
+                view.waiting,
+                view.terminating,
+                view.paused
+            ),
+            (None, None, None, None, None)
         );
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Inside Kubernetes the [`WorkloadWatch`] follows the workers' Deployments and pods with
 //! watches; outside it (no `kubernetes` section: the demo, a Sentinel outside the cluster) the
-//! [`EdgeWorkerCensus`] counts Airflow's list of Edge workers. Both answer as a
+//! [`EdgeWorkerCensus`] counts Airflow's list of Edge workers (inside it too, for the task slots
+//! each worker reported: the [`KubernetesPoolView`]). Both answer as a
 //! [`ClusterSource`], which the history and the replica gauges read; a line neither can tell is
 //! unknown, never zero.
 //!
@@ -14,11 +15,14 @@ mod cluster_view;
 pub mod cold_start;
 mod deletion_cost;
 mod edge_worker_census;
+mod kubernetes_pool_view;
 mod pod_state;
+mod scaled_object;
 mod workload_watch;
 
-pub use cluster_view::{ClusterSource, ClusterView, NoClusterSource};
+pub use cluster_view::{ClusterSource, ClusterView, NoClusterSource, WorkerSlots};
 pub use cold_start::ColdStarts;
 pub use deletion_cost::DeletionCostLoop;
 pub use edge_worker_census::EdgeWorkerCensus;
+pub use kubernetes_pool_view::KubernetesPoolView;
 pub use workload_watch::WorkloadWatch;

@@ -1,15 +1,17 @@
-//! Watches (list once, then follow changes; never polls) the Deployments and pods of the
-//! workers' namespace, keeping both in memory, so that each refresh can say per worker what the
+//! Watches (list once, then follow changes; never polls) the Deployments, pods and KEDA
+//! ScaledObjects of the workers' namespace, keeping both in memory, so that each refresh can say per worker what the
 //! autoscaler set and where its pods stand without a request to the API server.
 //!
 //! kube-runtime's watcher re-lists after a broken or expired watch and backs off while the API
 //! server is unreachable; until a first list has completed, or while the watch is failing, the
-//! view is unknown rather than a count of what happens to be cached.
+//! view is unknown rather than a count of what happens to be cached. The ScaledObjects only say
+//! whether a pool is paused: without KEDA (or the permission to read them) that alone is unknown.
 
 use super::cluster_view::{ClusterSource, ClusterView};
 use super::cold_start::watch_events::{deployment_event, pod_event};
 use super::cold_start::ColdStarts;
 use super::pod_state::{pod_state, selects, PodState};
+use super::scaled_object::ScaledObject;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -24,8 +26,10 @@ pub struct WorkloadWatch {
     namespace: String,
     deployments: Store<Deployment>,
     pods: Store<Pod>,
+    scaled_objects: Store<ScaledObject>,
     deployments_healthy: Arc<AtomicBool>,
     pods_healthy: Arc<AtomicBool>,
+    scaled_objects_healthy: Arc<AtomicBool>,
 }
 
 impl WorkloadWatch {
@@ -44,16 +48,23 @@ impl WorkloadWatch {
             shutdown.clone(),
         );
         let (pods, pods_healthy) = follow(
-            Api::<Pod>::namespaced(client, namespace),
+            Api::<Pod>::namespaced(client.clone(), namespace),
             move |event, store| pod_event(&cold_starts, event, store),
+            shutdown.clone(),
+        );
+        let (scaled_objects, scaled_objects_healthy) = follow(
+            Api::<ScaledObject>::namespaced(client, namespace),
+            |_, _| {},
             shutdown,
         );
         WorkloadWatch {
             namespace: namespace.to_string(),
             deployments,
             pods,
+            scaled_objects,
             deployments_healthy,
             pods_healthy,
+            scaled_objects_healthy,
         }
     }
 
@@ -74,6 +85,7 @@ impl WorkloadWatch {
             running: Some(0),
             waiting: Some(0),
             terminating: Some(0),
+            paused: self.paused(deployment),
         };
         for pod in self.pods_of(&found) {
             let count = match pod_state(&pod) {
@@ -101,6 +113,20 @@ impl WorkloadWatch {
                 .collect(),
             None => Vec::new(),
         }
+    }
+
+    /// Whether KEDA's annotations pause the ScaledObject that scales `deployment` (not paused
+    /// when none does); unknown while that watch has not listed or is failing.
+    fn paused(&self, deployment: &str) -> Option<bool> {
+        if !self.scaled_objects_healthy.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(
+            self.scaled_objects
+                .state()
+                .iter()
+                .any(|so| so.scales(deployment) && so.paused()),
+        )
     }
 
     fn ready(&self) -> bool {

@@ -90,6 +90,16 @@ impl AirflowApiSource {
         page
     }
 
+    /// Task instances Airflow holds in `scheduled` on `queue`.
+    async fn held_on(&self, queue: &str) -> Result<(String, u64), String> {
+        self.requests.inc();
+        self.client
+            .count(queue, &["scheduled"])
+            .await
+            .map(|n| (queue.to_string(), n))
+            .map_err(|e| format!("scheduled task instances on {queue}: {e}"))
+    }
+
     async fn labelled(&self, queue: &str, progress: &Progress) -> (String, QueueOutcome) {
         (queue.to_owned(), self.queue_backlog(queue, progress).await)
     }
@@ -240,6 +250,23 @@ impl BacklogSource for AirflowApiSource {
                 .into_iter()
                 .filter_map(|(host, at)| Some((host, parse_time(&at)?)))
                 .collect())
+        }
+        .boxed()
+    }
+
+    fn held_tasks<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
+        async move {
+            // One count per queue (`limit=0`: the total only, no task instance listed);
+            // collected first, as in `fetch`.
+            let calls: Vec<_> = queues.iter().map(|queue| self.held_on(queue)).collect();
+            let counts = futures_util::stream::iter(calls)
+                .buffer_unordered(CONCURRENT_QUEUES)
+                .try_collect()
+                .await?;
+            Ok(counts)
         }
         .boxed()
     }

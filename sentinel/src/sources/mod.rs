@@ -79,6 +79,21 @@ pub trait BacklogSource: Send + Sync + 'static {
         ))))
     }
 
+    /// Task instances on each of `queues` that Airflow holds in `scheduled` (by `[core]
+    /// parallelism`, a pool's slots, a DAG's `max_active_tasks`...): they wait, but Airflow has
+    /// not queued them, so no worker could take them and they are not in the backlog. Every
+    /// queue of `queues` is in the answer, or a one-line reason.
+    fn held_tasks<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
+        let _ = queues;
+        Box::pin(std::future::ready(Err(format!(
+            "the {} source does not count scheduled task instances",
+            self.kind()
+        ))))
+    }
+
     /// Airflow's list of Edge workers (outside Kubernetes, the only count of running
     /// workers), or a one-line reason.
     fn edge_workers(&self) -> BoxFuture<'_, Result<Vec<ListedEdgeWorker>, String>> {

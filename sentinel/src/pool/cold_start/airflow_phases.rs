@@ -124,6 +124,7 @@ mod tests {
             state: state.into(),
             queues: None,
             first_online: first.map(str::to_string),
+            sysinfo: None,
         };
         assert_eq!(
             online_since(&w("idle", Some("2026-01-01T00:00:01.250000Z"))),

@@ -11,7 +11,7 @@ mod tls;
 
 use crate::config::file::PostgresOptions;
 use crate::sources::{BacklogSource, QueueBacklog, QueueOutcome};
-use airflow::edge_worker_list::ListedEdgeWorker;
+use airflow::edge_worker_list::{ListedEdgeWorker, ReportedSysInfo};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use prometheus::IntCounter;
@@ -35,6 +35,12 @@ const BACKLOG_SQL: &str = "SELECT queue, \
      WHERE state IN ('queued', 'running') AND queue = ANY($1::text[]) \
      GROUP BY queue";
 
+/// Task instances held in `scheduled` on the given queues (queues with none return no row).
+const HELD_SQL: &str = "SELECT queue, count(*) \
+     FROM task_instance \
+     WHERE state = 'scheduled' AND queue = ANY($1::text[]) \
+     GROUP BY queue";
+
 /// Task slots of the running task instances of the given queues, by the worker running them.
 const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
      FROM task_instance \
@@ -42,9 +48,11 @@ const RUNNING_SLOTS_SQL: &str = "SELECT hostname, sum(pool_slots)::bigint \
      GROUP BY hostname";
 
 /// Airflow's Edge workers (the edge3 provider's table; `queues` holds a Python list literal),
-/// with `first_online` as the REST API writes it (RFC 3339, UTC, microseconds).
+/// with `first_online` as the REST API writes it (RFC 3339, UTC, microseconds) and `sysinfo`
+/// (what the worker reports of itself, a JSON column) as text.
 const EDGE_WORKERS_SQL: &str = "SELECT worker_name, state, queues, \
-     to_char(first_online AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+     to_char(first_online AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+     sysinfo::text \
      FROM edge_worker";
 
 /// The first task each of the given hosts started on the given queues since a moment, as
@@ -72,6 +80,7 @@ struct Connection {
     client: Client,
     statement: Statement,
     running_slots: Statement,
+    held: Statement,
     /// An error when a column it reads cannot be (a role granted only the backlog's columns):
     /// only the cold starts' last phase is then unknown, never the backlog.
     first_starts: Result<Statement, String>,
@@ -129,6 +138,7 @@ impl PostgresSource {
         };
         let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
         let running_slots = client.prepare(RUNNING_SLOTS_SQL).await.map_err(describe)?;
+        let held = client.prepare(HELD_SQL).await.map_err(describe)?;
         let first_starts = client.prepare(FIRST_STARTS_SQL).await.map_err(describe);
         let edge_workers = client.prepare(EDGE_WORKERS_SQL).await.map_err(describe);
         tracing::info!("connected to the Airflow metadata database");
@@ -136,6 +146,7 @@ impl PostgresSource {
             client,
             statement,
             running_slots,
+            held,
             first_starts,
             edge_workers,
         })
@@ -208,6 +219,17 @@ impl PostgresSource {
         Ok(first)
     }
 
+    async fn held(&self, queues: &[String]) -> Result<HashMap<String, u64>, String> {
+        let rows = self.query(|c| Ok(&c.held), &[&queues]).await?;
+        let mut held: HashMap<String, u64> = queues.iter().map(|q| (q.clone(), 0)).collect();
+        for row in rows {
+            let queue: String = row.try_get(0).map_err(describe)?;
+            let n: i64 = row.try_get(1).map_err(describe)?;
+            held.insert(queue, u64::try_from(n).unwrap_or(0));
+        }
+        Ok(held)
+    }
+
     async fn edge_worker_list(&self) -> Result<Vec<ListedEdgeWorker>, String> {
         let rows = self
             .query(|c| c.edge_workers.as_ref().map_err(Clone::clone), &[])
@@ -215,11 +237,13 @@ impl PostgresSource {
         rows.iter()
             .map(|row| {
                 let queues: Option<String> = row.try_get(2).map_err(describe)?;
+                let sysinfo: Option<String> = row.try_get(4).map_err(describe)?;
                 Ok(ListedEdgeWorker {
                     worker_name: row.try_get(0).map_err(describe)?,
                     state: row.try_get(1).map_err(describe)?,
                     queues: queues.as_deref().map(python_str_list).transpose()?,
                     first_online: row.try_get(3).map_err(describe)?,
+                    sysinfo: sysinfo.as_deref().and_then(ReportedSysInfo::from_json_text),
                 })
             })
             .collect()
@@ -273,6 +297,18 @@ impl BacklogSource for PostgresSource {
             self.first_starts(queues, hosts, since)
                 .await
                 .map_err(|e| format!("started task instances: {e}"))
+        }
+        .boxed()
+    }
+
+    fn held_tasks<'a>(
+        &'a self,
+        queues: &'a [String],
+    ) -> BoxFuture<'a, Result<HashMap<String, u64>, String>> {
+        async move {
+            self.held(queues)
+                .await
+                .map_err(|e| format!("scheduled task instances: {e}"))
         }
         .boxed()
     }
