@@ -103,14 +103,10 @@ pub async fn run(
             &versions,
             config.airflow_version.clone(),
             config.edge_provider_version.clone(),
-        )?;
+        );
         let ctx = Arc::new(Context {
             slots,
-            status: WorkerStatus::new(
-                config.queues.clone(),
-                versions.airflow,
-                versions.edge_provider,
-            ),
+            status: WorkerStatus::new(config.queues.clone(), versions),
             drift: SettingsDrift::new(
                 config.sync_slots,
                 config.queues.clone(),

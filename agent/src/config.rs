@@ -135,12 +135,13 @@ pub struct Flags {
     )]
     pub log_folder: PathBuf,
 
-    /// Airflow version to report [default: detected from --python]
+    /// Airflow version to report, never replaced [default: the api-server's (GET
+    /// /api/v2/version), else detected from --python]
     #[arg(long, env = "ASTRO_AGENT_AIRFLOW_VERSION", value_name = "VERSION")]
     pub airflow_version: Option<String>,
 
-    /// Edge provider version to report [default: detected from --python, else the version
-    /// Airflow names when it refuses another]
+    /// Edge provider version to report, never replaced [default: the version Airflow names
+    /// when it refuses another; detected from --python until then]
     #[arg(
         long,
         env = "ASTRO_AGENT_EDGE_PROVIDER_VERSION",

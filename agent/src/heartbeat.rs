@@ -2,6 +2,7 @@
 //! and apply what Airflow answers (queues, concurrency, maintenance, shutdown request).
 
 use crate::context::Context;
+use crate::registration;
 use airflow::backoff::{retry, Backoff};
 use airflow::edge_types::WorkerState;
 use std::sync::Arc;
@@ -77,10 +78,17 @@ async fn beat(ctx: &Context) -> Option<WorkerState> {
         }
         Err(e) if e.status() == Some(400) => {
             // Airflow refuses heartbeats from a worker whose versions no longer match (the
-            // server was upgraded under us): stop taking work, let running tasks finish.
-            tracing::error!(error = %e, "Airflow refused the heartbeat (version mismatch?): draining");
-            ctx.drain.cancel();
-            Some(state)
+            // server was upgraded under us). A version its refusal names is reported from the
+            // next beat on; otherwise stop taking work and let running tasks finish.
+            match registration::learn_from_refusal(ctx, &e) {
+                Ok(learnt) => tracing::warn!("Airflow refused the heartbeat: {learnt}"),
+                Err(fatal) => {
+                    tracing::error!("Airflow refused the heartbeat: {fatal}; draining");
+                    ctx.drain.cancel();
+                    return Some(state);
+                }
+            }
+            None
         }
         Err(e) if e.status() == Some(404) => {
             // An admin deleted this worker in Airflow's UI while it ran: register again, so

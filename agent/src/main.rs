@@ -29,6 +29,7 @@ mod task_runner;
 mod versions;
 mod wake;
 mod worker_status;
+mod workload;
 
 use clap::ValueEnum;
 use logging::flags::EXIT_CONFIG;

@@ -40,6 +40,8 @@ pub enum TaskResult {
     Killed,
     /// The task process could not be started.
     StartFailed,
+    /// The job's workload is not one this worker runs (see [`crate::workload`]).
+    Unsupported,
 }
 
 impl TaskResult {
@@ -49,6 +51,7 @@ impl TaskResult {
             TaskResult::Failed => "failed",
             TaskResult::Killed => "killed",
             TaskResult::StartFailed => "start_failed",
+            TaskResult::Unsupported => "unsupported",
         }
     }
 }
@@ -118,7 +121,7 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "astro_agent_tasks_finished_total",
-                        "Jobs finished, by result (success, failed, killed, start_failed).",
+                        "Jobs finished, by result (success, failed, killed, start_failed, unsupported).",
                     ),
                     &["result"],
                 ),
@@ -224,6 +227,7 @@ impl Metrics {
             TaskResult::Failed,
             TaskResult::Killed,
             TaskResult::StartFailed,
+            TaskResult::Unsupported,
         ] {
             metrics.tasks_finished.with_label_values(&[result.label()]);
         }

@@ -1,9 +1,13 @@
-//! Registering the worker with Airflow before any job is fetched.
+//! Registering the worker with Airflow before any job is fetched, with the versions Airflow
+//! runs (see [`crate::versions`]).
 
 use crate::config::ConfigError;
 use crate::context::Context;
+use crate::versions::{self, Refusal, Reported, Source};
 use airflow::backoff::{retry, Backoff};
 use airflow::edge_types::WorkerState;
+use airflow::ApiError;
+use std::cell::Cell;
 use std::time::Duration;
 
 pub enum Registered {
@@ -12,10 +16,21 @@ pub enum Registered {
     Abandoned,
 }
 
-/// Registers, retrying until Airflow accepts. Only a version mismatch is fatal: retrying
-/// cannot fix it and Airflow would refuse every call.
+/// Registers, retrying until Airflow accepts. Transport failures, 5xx, a name still marked
+/// active (409) and an Edge API not there yet (404) are retried with backoff; an Airflow this
+/// agent cannot serve, or a refusal that retrying cannot change, is a [`ConfigError`].
 pub async fn register(ctx: &Context) -> anyhow::Result<Registered> {
+    // The api-server is asked once for its Airflow version: its answer does not change.
+    let asked_airflow = Cell::new(false);
+    let asked_airflow = &asked_airflow;
     let registered = retry(Backoff::for_airflow(), ctx.drain.cancelled(), || async move {
+        if !asked_airflow.get() {
+            match learn_airflow_version(ctx).await {
+                Ok(()) => asked_airflow.set(true),
+                Err(Attempt::Retry(problem)) => return Err(say(problem)),
+                Err(Attempt::Fatal(e)) => return Ok(Err(e)),
+            }
+        }
         let body = ctx.status.body(
             WorkerState::Starting,
             0,
@@ -24,36 +39,21 @@ pub async fn register(ctx: &Context) -> anyhow::Result<Registered> {
         );
         let problem = match ctx.edge.register(&ctx.config.worker_name, &body).await {
             Ok(answer) => {
+                let edge = ctx.status.versions().edge_provider;
                 if answer.versions_match == Some(false) {
-                    tracing::warn!("Airflow reports that this worker's versions do not match its own");
+                    tracing::warn!("Airflow accepts this worker although its versions differ from Airflow's own ([edge] minimum_acceptable_*_version_for_workers)");
+                } else if let Some(problem) = versions::unservable_edge_provider(&edge.version) {
+                    return Ok(Err(incompatible(problem)));
                 }
                 tracing::info!(worker = %ctx.config.worker_name, queues = ?ctx.status.queues(),
-                    slots = ctx.slots.total(), "registered with Airflow");
+                    slots = ctx.slots.total(), airflow = %body.sysinfo.airflow_version,
+                    edge_provider = %edge.version, "registered with Airflow");
                 return Ok(Ok(Registered::Yes));
             }
-            Err(e) if e.status() == Some(400) && ctx.status.edge_provider_unknown() => {
-                match core_edge_provider_version(&e.to_string()) {
-                    Some(version) => {
-                        tracing::info!(%version, "the tasks' Python has no Edge provider: reporting the one Airflow runs");
-                        ctx.status.learn_edge_provider_version(version);
-                        format!("learnt the Edge provider version from Airflow's answer: {e}")
-                    }
-                    None => {
-                        return Ok(Err(anyhow::Error::new(ConfigError {
-                            flag: "--edge-provider-version",
-                            problem: format!("not given, the tasks' Python has no apache-airflow-providers-edge3, and Airflow's answer does not name its own: {e}"),
-                        })))
-                    }
-                }
-            }
-            Err(e) if e.status() == Some(400) => {
-                return Ok(Err(anyhow::anyhow!(
-                    "Airflow refused to register this worker (versions: airflow {}, edge provider {}; \
-                     set --airflow-version/--edge-provider-version or install matching packages): {e}",
-                    body.sysinfo.airflow_version,
-                    body.sysinfo.edge_provider_version
-                )))
-            }
+            Err(e) if e.status() == Some(400) => match learn_from_refusal(ctx, &e) {
+                Ok(learnt) => learnt,
+                Err(fatal) => return Ok(Err(fatal)),
+            },
             Err(e) if e.status() == Some(409) => format!(
                 "the name {:?} is still marked active in Airflow (a previous worker with this \
                  name stopped without reporting offline; Airflow frees it after its heartbeat \
@@ -66,34 +66,126 @@ pub async fn register(ctx: &Context) -> anyhow::Result<Registered> {
             ),
             Err(e) => e.to_string(),
         };
-        Err(move |delay: Duration| {
-            tracing::warn!(retry_in = ?delay, "registration failed: {problem}")
-        })
+        Err(say(problem))
     })
     .await;
     registered.unwrap_or(Ok(Registered::Abandoned))
 }
 
-/// The Edge provider version Airflow runs, from its refusal of another one ("Edge Worker runs
-/// on Edge Provider 0.0.0 and the core runs on 5.1.0. Rejecting access due to difference.").
-fn core_edge_provider_version(refusal: &str) -> Option<String> {
-    let (_, after) = refusal.split_once("and the core runs on ")?;
-    let version = after
-        .split_whitespace()
-        .next()?
-        .trim_end_matches(['.', '"', ',']);
-    (!version.is_empty() && version.chars().next()?.is_ascii_digit()).then(|| version.to_string())
+fn say(problem: String) -> impl FnOnce(Duration) {
+    move |delay: Duration| tracing::warn!(retry_in = ?delay, "registration failed: {problem}")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+enum Attempt {
+    Retry(String),
+    Fatal(anyhow::Error),
+}
 
-    #[test]
-    fn reads_the_core_version_from_airflows_refusal() {
-        let body = r#"register: HTTP 400: {"detail":"Edge Worker runs on Edge Provider 0.0.0 and the core runs on 5.1.0. Rejecting access due to difference."}"#;
-        assert_eq!(core_edge_provider_version(body).as_deref(), Some("5.1.0"));
-        let airflow = r#"HTTP 400: {"detail":"Edge Worker runs on Airflow 3.2.0 which is below the minimum acceptable version None. Rejecting access due to incompatible version."}"#;
-        assert_eq!(core_edge_provider_version(airflow), None);
+/// Asks the api-server for its Airflow version unless a flag gave one. Only a failure that
+/// may pass (transport, 5xx) is retried; when Airflow does not tell, the tasks' Python's
+/// version stands in.
+async fn learn_airflow_version(ctx: &Context) -> Result<(), Attempt> {
+    let current = ctx.status.versions();
+    if current.airflow.as_ref().is_some_and(|v| !v.replaceable()) {
+        return Ok(());
     }
+    let unknown = match ctx.edge.airflow_version().await {
+        Ok(Some(version)) => {
+            if let Some(problem) = versions::unservable_airflow(&version) {
+                return Err(Attempt::Fatal(incompatible(problem)));
+            }
+            tracing::info!(%version, "Airflow's api-server runs this Airflow version: reporting it");
+            ctx.status
+                .set_airflow_version(Reported::from_airflow(version));
+            return Ok(());
+        }
+        Err(e) if e.is_retryable() => {
+            return Err(Attempt::Retry(format!(
+                "asking Airflow for its version: {e}"
+            )))
+        }
+        Ok(None) => "it has no version endpoint beside the Edge API".to_string(),
+        Err(e) => e.to_string(),
+    };
+    match current.airflow {
+        Some(detected) => {
+            tracing::info!(version = %detected.version, "Airflow's api-server does not tell its version ({unknown}): reporting the tasks' Python's");
+            Ok(())
+        }
+        None => Err(Attempt::Fatal(anyhow::Error::new(
+            versions::airflow_unknown(current.detection_problem.as_deref()),
+        ))),
+    }
+}
+
+/// What a 400 to a registration or heartbeat teaches: Airflow's own Edge provider version (or,
+/// from edge3 3.4 and older, its Airflow version), which the next attempt reports (the
+/// caller's warning says so); anything else is fatal.
+pub fn learn_from_refusal(ctx: &Context, e: &ApiError) -> Result<String, anyhow::Error> {
+    let current = ctx.status.versions();
+    let ours = &current.edge_provider;
+    // Registration learns the Airflow version (or fails) before the first attempt.
+    let airflow = current.airflow.clone().unwrap_or(Reported {
+        version: String::new(),
+        source: Source::Placeholder,
+    });
+    match versions::read_refusal(&e.to_string()) {
+        Refusal::EdgeProvider { core } if ours.replaceable() && ours.version != core => {
+            if let Some(problem) = versions::unservable_edge_provider(&core) {
+                return Err(incompatible(problem));
+            }
+            ctx.status
+                .set_edge_provider_version(Reported::from_airflow(core.clone()));
+            Ok(format!(
+                "Airflow runs Edge provider {core}, not {}: reporting {core} from now on",
+                ours.version
+            ))
+        }
+        Refusal::EdgeProvider { core } => Err(refused(
+            "--edge-provider-version",
+            format!(
+                "Airflow runs Edge provider {core} and refuses {}; leave the flag out to report Airflow's own",
+                ours.version
+            ),
+        )),
+        Refusal::Airflow { core: Some(core) }
+            if airflow.replaceable() && airflow.version != core =>
+        {
+            if let Some(problem) = versions::unservable_airflow(&core) {
+                return Err(incompatible(problem));
+            }
+            ctx.status
+                .set_airflow_version(Reported::from_airflow(core.clone()));
+            Ok(format!(
+                "Airflow is {core}, not {}: reporting {core} from now on",
+                airflow.version
+            ))
+        }
+        Refusal::Airflow { .. } => {
+            let flag = match airflow.source {
+                Source::Flag => "--airflow-version",
+                _ => "--api-url",
+            };
+            Err(refused(
+                flag,
+                format!(
+                    "Airflow refuses this worker's Airflow version {}: {e}",
+                    airflow.version
+                ),
+            ))
+        }
+        Refusal::Other => Err(refused(
+            "--api-url",
+            format!("Airflow refused to register this worker: {e}"),
+        )),
+    }
+}
+
+/// An Airflow whose versions this agent cannot serve: retrying cannot help.
+fn incompatible(problem: String) -> anyhow::Error {
+    refused("--api-url", problem)
+}
+
+fn refused(flag: &'static str, problem: String) -> anyhow::Error {
+    anyhow::Error::new(ConfigError { flag, problem })
 }

@@ -9,6 +9,7 @@ use crate::metrics::TaskResult;
 use crate::reporter::{deliver, Delivery};
 use crate::slots::Lease;
 use crate::task_host_client::{Exit, RemoteTask};
+use crate::workload;
 use airflow::backoff::Backoff;
 use airflow::edge_types::{EdgeJob, JobState, TaskKey};
 use std::sync::Arc;
@@ -26,8 +27,30 @@ const FINAL_LOG_ATTEMPTS: u32 = 5;
 /// process has ended, so the next job is fetched while this one's last log lines and final
 /// state go out (a slot bounds task processes, and this one is gone).
 pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
+    if let Some(reason) = workload::unsupported(&job.command) {
+        drop(slots);
+        refuse(&ctx, &job, &reason).await;
+        return;
+    }
     let started = ctx.task_host.start_task(&job).await;
     follow(ctx, job, slots, started).await;
+}
+
+/// Fails a job whose workload this worker does not run, without starting a process: the
+/// reason goes to the agent's log and to the job's log in Airflow.
+async fn refuse(ctx: &Context, job: &EdgeJob, reason: &str) {
+    let key = job.key();
+    tracing::error!(task = %key, "{reason}: reporting the job failed");
+    let mut shipper = LogShipper::new(job.log_path().map(|p| ctx.config.log_folder.join(p)));
+    shipper.append_note(&format!(
+        "astro-agent on {}: {reason}",
+        ctx.config.worker_name
+    ));
+    push_last_logs(ctx, &mut shipper, &key).await;
+    report_final_state(ctx, &key, TaskResult::Unsupported).await;
+    ctx.metrics
+        .task_finished(TaskResult::Unsupported, Duration::ZERO);
+    ctx.heartbeat_now.notify_one();
 }
 
 /// Follows a task a previous agent started (this agent's container restarted while it ran)

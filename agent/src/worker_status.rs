@@ -1,16 +1,12 @@
 //! What this worker tells Airflow about itself, and what Airflow's heartbeat answers change.
 
+use crate::versions::{Reported, Versions};
 use airflow::edge_types::{HeartbeatAnswer, SysInfo, WorkerState, WorkerStateBody};
 use std::sync::Mutex;
 
-/// What an unknown Edge provider version is reported as until Airflow names its own: a valid
-/// version (Airflow parses it when a minimum is configured) that matches no release.
-const UNKNOWN_EDGE_PROVIDER: &str = "0.0.0";
-
 pub struct WorkerStatus {
-    airflow_version: String,
-    /// None until learnt from Airflow (see [`crate::registration`]).
-    edge_provider_version: Mutex<Option<String>>,
+    /// What is reported; Airflow's answers may replace it (see [`crate::registration`]).
+    versions: Mutex<Versions>,
     inner: Mutex<Inner>,
 }
 
@@ -29,14 +25,9 @@ pub struct Requests {
 }
 
 impl WorkerStatus {
-    pub fn new(
-        queues: Vec<String>,
-        airflow_version: String,
-        edge_provider_version: Option<String>,
-    ) -> Self {
+    pub fn new(queues: Vec<String>, versions: Versions) -> Self {
         WorkerStatus {
-            airflow_version,
-            edge_provider_version: Mutex::new(edge_provider_version),
+            versions: Mutex::new(versions),
             inner: Mutex::new(Inner {
                 queues,
                 maintenance: false,
@@ -45,13 +36,16 @@ impl WorkerStatus {
         }
     }
 
-    /// Whether the Edge provider version is still to be learnt from Airflow.
-    pub fn edge_provider_unknown(&self) -> bool {
-        self.edge_provider_version.lock().unwrap().is_none()
+    pub fn versions(&self) -> Versions {
+        self.versions.lock().unwrap().clone()
     }
 
-    pub fn learn_edge_provider_version(&self, version: String) {
-        *self.edge_provider_version.lock().unwrap() = Some(version);
+    pub fn set_airflow_version(&self, version: Reported) {
+        self.versions.lock().unwrap().airflow = Some(version);
+    }
+
+    pub fn set_edge_provider_version(&self, version: Reported) {
+        self.versions.lock().unwrap().edge_provider = version;
     }
 
     pub fn queues(&self) -> Vec<String> {
@@ -86,18 +80,19 @@ impl WorkerStatus {
         free: u32,
     ) -> WorkerStateBody {
         let inner = self.inner.lock().unwrap();
+        let versions = self.versions.lock().unwrap();
         WorkerStateBody {
             state,
             jobs_active,
             queues: inner.queues.clone(),
             sysinfo: SysInfo {
-                airflow_version: self.airflow_version.clone(),
-                edge_provider_version: self
-                    .edge_provider_version
-                    .lock()
-                    .unwrap()
-                    .clone()
-                    .unwrap_or_else(|| UNKNOWN_EDGE_PROVIDER.to_string()),
+                // Registration learns the Airflow version before anything is sent.
+                airflow_version: versions
+                    .airflow
+                    .as_ref()
+                    .map(|v| v.version.clone())
+                    .unwrap_or_default(),
+                edge_provider_version: versions.edge_provider.version.clone(),
                 concurrency,
                 free_concurrency: free,
             },
@@ -157,7 +152,13 @@ mod tests {
     use super::*;
 
     fn status() -> WorkerStatus {
-        WorkerStatus::new(vec!["default".into()], "3.3.2".into(), Some("5.1.0".into()))
+        let detected = crate::task_host_protocol::DetectedVersions {
+            airflow: Some("3.3.2".into()),
+            edge_provider: Some("5.1.0".into()),
+            problem: None,
+        };
+        let versions = crate::versions::resolve(&detected, None, None);
+        WorkerStatus::new(vec!["default".into()], versions)
     }
 
     fn answer(state: WorkerState) -> HeartbeatAnswer {

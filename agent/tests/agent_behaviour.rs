@@ -264,6 +264,36 @@ async fn a_task_that_cannot_start_is_failed_with_the_reason_in_its_log() {
 }
 
 #[tokio::test]
+async fn a_job_of_a_workload_type_the_agent_does_not_run_is_failed_and_the_next_one_runs() {
+    let fake = FakeAirflow::start().await;
+    fake.add_job_with_command(
+        "newkind",
+        serde_json::json!({"type": "SomethingNew", "token": "tok",
+                           "log_path": "dag_id=dag/newkind.log"}),
+    );
+    fake.add_job("next", 0.1, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = start_agent(&fake, dir.path(), &[]).await;
+    agent
+        .until(&fake, "both jobs reported", T, |s| s.finished.len() == 2)
+        .await;
+    fake.with(|s| {
+        assert_eq!(s.states["newkind"], vec!["failed".to_string()]);
+        assert!(
+            s.logs["newkind"].contains("\"SomethingNew\" is not one this worker runs"),
+            "{:?}",
+            s.logs
+        );
+        assert_eq!(final_state(&s.states["next"]), Some("success"));
+    });
+    // No process was started for it: only the next job's task ran.
+    assert_eq!(max_task_processes(dir.path()), 1);
+    assert!(agent.log().contains("SomethingNew"), "{}", agent.log());
+    agent.signal(Signal::SIGTERM);
+    assert_eq!(agent.exit_code(T).await, 0);
+}
+
+#[tokio::test]
 async fn a_shutdown_request_from_airflow_drains() {
     let fake = FakeAirflow::start().await;
     fake.add_job("s1", 1.0, 0);

@@ -25,6 +25,7 @@ pub mod call {
     pub const FETCH: &str = "fetch";
     pub const JOB_STATE: &str = "job_state";
     pub const LOGS_PUSH: &str = "logs_push";
+    pub const VERSION: &str = "version";
 }
 
 /// Receives the outcome of every call, so the agent can export request metrics without the
@@ -72,6 +73,44 @@ impl EdgeClient {
             signer,
             observer,
         })
+    }
+
+    /// The Airflow version of the api-server: `GET /api/v2/version` beside the Edge API, which
+    /// Airflow 3 answers without credentials; an Airflow 2 answers at `/api/v1/version`
+    /// instead. `None` when neither exists there (the Edge API is not at `/edge_worker/v1` under
+    /// the api-server's root, or a proxy in front of it serves only the Edge API).
+    pub async fn airflow_version(&self) -> Result<Option<String>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct VersionInfo {
+            version: String,
+        }
+        let Some(root) = api_server_root(&self.base) else {
+            return Ok(None);
+        };
+        for api in ["v2", "v1"] {
+            let mut url = root.clone();
+            url.path_segments_mut()
+                .expect("an http(s) base URL always has path segments")
+                .pop_if_empty()
+                .extend(["api", api, "version"]);
+            let started = Instant::now();
+            let request = self
+                .http
+                .get(url)
+                .header(reqwest::header::ACCEPT, "application/json");
+            let answer = match send(call::VERSION, request).await {
+                Ok((StatusCode::NOT_FOUND, _)) => Ok(None),
+                Ok((status, text)) => decode_answer::<VersionInfo>(call::VERSION, status, &text)
+                    .map(|info| Some(info.version)),
+                Err(e) => Err(e),
+            };
+            self.observer
+                .observe(call::VERSION, started.elapsed(), answer.is_ok());
+            if let Some(version) = answer? {
+                return Ok(Some(version));
+            }
+        }
+        Ok(None)
     }
 
     /// `POST worker/{name}`. A 409 means the name is still marked active on the server.
@@ -211,6 +250,17 @@ pub fn decode_answer<T: DeserializeOwned>(
     serde_json::from_str(text).map_err(|e| malformed(call, &e, text))
 }
 
+/// The api-server's root for an Edge API base that ends in `/edge_worker/v1`, where the
+/// provider mounts it; `None` for any other base, whose root cannot be told.
+fn api_server_root(edge_base: &Url) -> Option<Url> {
+    let path = edge_base.path().trim_end_matches('/');
+    let root = path.strip_suffix("/edge_worker/v1")?;
+    let mut url = edge_base.clone();
+    url.set_path(root);
+    url.set_query(None);
+    Some(url)
+}
+
 /// The segments that name one try of one task instance: `{dag}/{task}/{run}/{try}/{map}`.
 fn task_segments<'a>(key: &'a TaskKey, try_number: &'a str, map_index: &'a str) -> [&'a str; 5] {
     [
@@ -220,4 +270,23 @@ fn task_segments<'a>(key: &'a TaskKey, try_number: &'a str, map_index: &'a str) 
         try_number,
         map_index,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_server_root_is_the_edge_base_without_its_mount_point() {
+        let root = |base: &str| api_server_root(&Url::parse(base).unwrap()).map(String::from);
+        assert_eq!(
+            root("http://airflow:8080/edge_worker/v1").as_deref(),
+            Some("http://airflow:8080/")
+        );
+        assert_eq!(
+            root("https://example.com/airflow/edge_worker/v1/").as_deref(),
+            Some("https://example.com/airflow")
+        );
+        assert_eq!(root("http://airflow:8080/somewhere/else"), None);
+    }
 }

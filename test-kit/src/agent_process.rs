@@ -72,6 +72,22 @@ pub async fn start_agent_with_env(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Agent {
+    let versions = [
+        "--airflow-version",
+        "3.3.2",
+        "--edge-provider-version",
+        "5.1.0",
+    ];
+    spawn_agent(fake, dir, &[&versions, extra].concat(), env)
+}
+
+/// [`start_agent`] without the version flags: the agent reports what Airflow tells it (the
+/// fake `python` has no Airflow to detect).
+pub async fn start_negotiating_agent(fake: &FakeAirflow, dir: &Path, extra: &[&str]) -> Agent {
+    spawn_agent(fake, dir, extra, &[])
+}
+
+fn spawn_agent(fake: &FakeAirflow, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Agent {
     let port = free_port();
     let metrics_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let stderr_path = dir.join(format!("agent-{port}.log"));
@@ -82,12 +98,6 @@ pub async fn start_agent_with_env(
         .args(["--worker-name", "agent-under-test"])
         .args(["--listen", &metrics_addr.to_string()])
         .args(["--log-folder", dir.join("logs").to_str().unwrap()])
-        .args([
-            "--airflow-version",
-            "3.3.2",
-            "--edge-provider-version",
-            "5.1.0",
-        ])
         .args(extra)
         // Defaults through the environment, so that `extra` flags can override them.
         .env("ASTRO_AGENT_HEARTBEAT_INTERVAL", "1s")

@@ -53,6 +53,21 @@ pub struct State {
     pub down: bool,
     /// When each fetch arrived, answered or not.
     pub fetch_attempts: Vec<Instant>,
+    // versions, checked as the edge3 provider does when set
+    /// Airflow's version: `GET /api/v2/version` answers it, and registrations and heartbeats
+    /// reporting another are refused (400, edge3's text). None: no version endpoint, no check.
+    pub airflow_version: Option<String>,
+    /// The Edge provider's version: registrations and heartbeats reporting another are refused
+    /// with edge3's text, which names it. None: no check.
+    pub edge_provider_version: Option<String>,
+    /// An Airflow 2 answers its version at `/api/v1/version` only.
+    pub airflow_2_version: Option<String>,
+    /// Answer the next version requests 503.
+    pub fail_versions: u32,
+    pub version_requests: u32,
+    /// The `sysinfo` of every registration and heartbeat, accepted or not.
+    pub registered_sysinfo: Vec<Value>,
+    pub heartbeat_sysinfo: Vec<Value>,
 }
 
 /// The fake's address and a handle on what it has seen; clones share both.
@@ -87,6 +102,17 @@ impl FakeAirflow {
 
     pub fn api_url(&self) -> String {
         format!("http://{}/edge_worker/v1", self.addr)
+    }
+
+    /// Queues a job whose workload is `command` as given.
+    pub fn add_job_with_command(&self, id: &str, command: Value) {
+        let job = json!({
+            "dag_id": "dag", "task_id": id, "run_id": "manual__2026-11-30T09:00:00+00:00",
+            "map_index": -1, "try_number": 1, "concurrency_slots": 1, "task_instance_id": null,
+            "command": command
+        });
+        self.shared.state.lock().unwrap().queue.push_back(job);
+        self.shared.changed.notify_waiters();
     }
 
     /// Queues a job whose fake task sleeps `sleep` seconds and exits with `exit`.
@@ -170,6 +196,13 @@ impl Shared {
             return response;
         }
         drop(state);
+        if let Some(api) = path
+            .strip_prefix("/api/")
+            .and_then(|p| p.strip_suffix("/version"))
+        {
+            let response = self.with(|s| version_answer(s, api));
+            return response;
+        }
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let rest = path.strip_prefix("/edge_worker/v1/").unwrap_or(&path);
         // Airflow routes on the decoded path (the run id's `:` and `+` arrive encoded).
@@ -187,7 +220,10 @@ impl Shared {
             match (method.as_str(), parts.as_slice()) {
                 ("POST", ["worker", _]) => {
                     s.registers += 1;
-                    if s.register_conflicts > 0 {
+                    s.registered_sysinfo.push(body["sysinfo"].clone());
+                    if let Some(refusal) = version_refusal(&s, &body) {
+                        refusal
+                    } else if s.register_conflicts > 0 {
                         s.register_conflicts -= 1;
                         reply(StatusCode::CONFLICT, json!({"detail": "active"}))
                     } else {
@@ -201,7 +237,12 @@ impl Shared {
                     s.forget_worker -= 1;
                     reply(StatusCode::NOT_FOUND, json!({"detail": "Worker not found"}))
                 }
+                ("PATCH", ["worker", _]) if version_refusal(&s, &body).is_some() => {
+                    s.heartbeat_sysinfo.push(body["sysinfo"].clone());
+                    version_refusal(&s, &body).unwrap()
+                }
                 ("PATCH", ["worker", _]) => {
+                    s.heartbeat_sysinfo.push(body["sysinfo"].clone());
                     let state = body["state"].as_str().unwrap_or("?").to_string();
                     s.heartbeats.push(state.clone());
                     let answer = s.heartbeat_answer_state.clone().unwrap_or(state);
@@ -265,6 +306,43 @@ impl Shared {
         };
         self.changed.notify_waiters();
         response
+    }
+}
+
+/// `GET /api/{api}/version`, public as in Airflow.
+fn version_answer(s: &mut State, api: &str) -> Response<Full<Bytes>> {
+    s.version_requests += 1;
+    if s.fail_versions > 0 {
+        s.fail_versions -= 1;
+        return reply(StatusCode::SERVICE_UNAVAILABLE, json!({"detail": "later"}));
+    }
+    let version = match api {
+        "v2" => s.airflow_version.clone(),
+        "v1" => s.airflow_2_version.clone(),
+        _ => None,
+    };
+    match version {
+        Some(version) => reply(
+            StatusCode::OK,
+            json!({"version": version, "git_version": null}),
+        ),
+        None => reply(StatusCode::NOT_FOUND, json!({"detail": "Not Found"})),
+    }
+}
+
+/// The edge3 provider's refusal of a worker whose versions differ from Airflow's (with no
+/// `[edge] minimum_acceptable_*_version_for_workers` set), in its words.
+fn version_refusal(s: &State, body: &Value) -> Option<Response<Full<Bytes>>> {
+    let reported = |field: &str| body["sysinfo"][field].as_str().unwrap_or("").to_string();
+    let refuse = |detail: String| Some(reply(StatusCode::BAD_REQUEST, json!({"detail": detail})));
+    let airflow = reported("airflow_version");
+    if s.airflow_version.as_ref().is_some_and(|v| *v != airflow) {
+        return refuse(format!("Edge Worker runs on Airflow {airflow} which is below the minimum acceptable version None. Rejecting access due to incompatible version."));
+    }
+    let edge = reported("edge_provider_version");
+    match &s.edge_provider_version {
+        Some(core) if *core != edge => refuse(format!("Edge Worker runs on Edge Provider {edge} and the core runs on {core}. Rejecting access due to difference.")),
+        _ => None,
     }
 }
 

@@ -27,7 +27,10 @@ declare -A requirements=(
   [3.1]=tests/compat/airflow-3.1.txt
   [3.2]=tests/compat/airflow-3.2.txt
   [3.3]=tests/requirements-airflow.txt
+  [3.3-oldest]=tests/compat/airflow-3.3-oldest.txt
 )
+# The default run: the newest patch of every minor with the newest Edge provider. Further pairs
+# (the oldest Edge provider Airflow 3.3 installs with) run only when named.
 all=(3.0 3.1 3.2 3.3)
 
 venvs_only=
@@ -35,10 +38,11 @@ if [ "${1:-}" = --venvs ]; then venvs_only=1; shift; fi
 minors=("$@")
 [ ${#minors[@]} -gt 0 ] || minors=("${all[@]}")
 for minor in "${minors[@]}"; do
-  [ -n "${requirements[$minor]:-}" ] || { echo "tests/compat/run.sh: no pair for '$minor'; the pairs are: ${all[*]}" >&2; exit 2; }
+  [ -n "${requirements[$minor]:-}" ] || { echo "tests/compat/run.sh: no pair for '$minor'; the pairs are: ${!requirements[*]}" >&2; exit 2; }
 done
 
-pinned() { sed -n "s/^$1==//p" "$2"; }
+# A pin of FILE, extras and all: `name[extra]==1.0` is version 1.0 of name.
+pinned() { sed -n "s/^$1\(\[[^]]*\]\)\?==//p" "$2"; }
 
 # The venvs, side by side (downloads and unpacking; a cached one is ready at once).
 pids=()
