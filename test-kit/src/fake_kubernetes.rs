@@ -1,17 +1,21 @@
-//! A fake Kubernetes API server that answers TokenReviews from a table of tokens.
+//! A fake Kubernetes API server that answers TokenReviews from a table of tokens, and
+//! LocalSubjectAccessReviews from a table of grants.
 
 use crate::server::{json_response, serve, TestServer};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 /// What a TokenRequest without audiences gets, and what a review without audiences checks.
 pub const API_SERVER_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// (username, namespace, verb, resource, name) that a LocalSubjectAccessReview allows.
+pub type Grant = (String, String, String, String, String);
 
 /// Answers TokenReviews as kube-apiserver does, for the tokens in its table.
 pub struct FakeKubernetes {
@@ -32,6 +36,10 @@ pub struct FakeKubernetes {
     pub broken: Mutex<Option<u16>>,
     /// While `false`, reviews are received (and counted) but not answered.
     pub answering: watch::Sender<bool>,
+    /// What RBAC allows; everything else is denied.
+    pub grants: Mutex<HashSet<Grant>>,
+    /// LocalSubjectAccessReviews answered.
+    pub access_reviews: AtomicUsize,
 }
 
 impl FakeKubernetes {
@@ -46,6 +54,8 @@ impl FakeKubernetes {
             seen: Mutex::new(Vec::new()),
             broken: Mutex::new(None),
             answering: watch::Sender::new(true),
+            grants: Mutex::new(HashSet::new()),
+            access_reviews: AtomicUsize::new(0),
         })
     }
 
@@ -58,6 +68,17 @@ impl FakeKubernetes {
                 .map(|(token, user)| (token.to_string(), user.to_string())),
         );
         fake
+    }
+
+    /// Lets `username` `get` the Deployment `name` in `namespace`.
+    pub fn grant_deployment(&self, username: &str, namespace: &str, name: &str) {
+        self.grants.lock().unwrap().insert((
+            username.into(),
+            namespace.into(),
+            "get".into(),
+            "deployments".into(),
+            name.into(),
+        ));
     }
 
     pub fn reviews(&self) -> usize {
@@ -74,6 +95,15 @@ impl FakeKubernetes {
     }
 
     pub async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        if req.method() == hyper::Method::POST
+            && req
+                .uri()
+                .path()
+                .starts_with("/apis/authorization.k8s.io/v1/namespaces/")
+            && req.uri().path().ends_with("/localsubjectaccessreviews")
+        {
+            return self.answer_access_review(req).await;
+        }
         if req.method() != hyper::Method::POST
             || req.uri().path() != "/apis/authentication.k8s.io/v1/tokenreviews"
         {
@@ -146,6 +176,47 @@ impl FakeKubernetes {
                 "metadata": {"creationTimestamp": null},
                 "spec": {"token": token},
                 "status": status,
+            }),
+        )
+    }
+}
+
+impl FakeKubernetes {
+    /// As kube-apiserver's RBAC would, from [`FakeKubernetes::grants`]; the review must name the
+    /// namespace of its path.
+    async fn answer_access_review(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let path_namespace = req
+            .uri()
+            .path()
+            .split('/')
+            .nth(5)
+            .unwrap_or_default()
+            .to_string();
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(review["kind"], "LocalSubjectAccessReview");
+        self.access_reviews.fetch_add(1, Ordering::SeqCst);
+        let attributes = &review["spec"]["resourceAttributes"];
+        let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        if field(&attributes["namespace"]) != path_namespace {
+            return json_response(400, serde_json::json!({"kind": "Status", "code": 400}));
+        }
+        let asked = (
+            field(&review["spec"]["user"]),
+            path_namespace,
+            field(&attributes["verb"]),
+            field(&attributes["resource"]),
+            field(&attributes["name"]),
+        );
+        let allowed = attributes["group"] == "apps" && self.grants.lock().unwrap().contains(&asked);
+        json_response(
+            201,
+            serde_json::json!({
+                "kind": "LocalSubjectAccessReview",
+                "apiVersion": "authorization.k8s.io/v1",
+                "metadata": {"namespace": asked.1},
+                "spec": review["spec"],
+                "status": {"allowed": allowed},
             }),
         )
     }

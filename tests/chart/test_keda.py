@@ -151,7 +151,9 @@ def test_keda_behavior_override_keeps_the_gentle_step(chart):
 def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
     values, _ = effective("keda-static")
     # Without the agents' subscriptions, whose tokens the Sentinel reviews (see test_wake.py).
-    r = chart.render(scenario("keda-static"), sets=("workerDefaults.wake.enabled=false",))
+    # Nor people's tokens (sentinel.kubernetes.userAccess, test_sentinel.py).
+    r = chart.render(scenario("keda-static"), sets=("workerDefaults.wake.enabled=false",
+                                                    "sentinel.kubernetes.userAccess=false"))
     ta = r.get("TriggerAuthentication", "astro-keda-sentinel")
     (target,) = ta["spec"]["secretTargetRef"]
     secret = r.get("Secret", target["name"])

@@ -306,3 +306,24 @@ def test_real_sentinel_accepts_the_rendered_config(chart, name, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_people_read_with_their_own_kubernetes_token_by_default(chart):
+    """sentinel.kubernetes.userAccess: the Sentinel's config asks for it, and its RBAC allows the
+    two reviews and nothing more (TokenReview cluster-wide, LocalSubjectAccessReview in the
+    release namespace only)."""
+    base = scenario("keda-static")
+    values, _ = effective("keda-static")
+    r = chart.render(base, sets=("workerDefaults.wake.enabled=false",))
+    assert sentinel_config(r, values)["auth"]["kubernetesUsers"] == {}
+    (cluster_role,) = r.all("ClusterRole")
+    assert cluster_role["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
+    role = r.get("Role", "astro-sentinel")
+    assert {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"],
+            "verbs": ["create"]} in role["rules"]
+
+    for sets in (("sentinel.kubernetes.userAccess=false",), ("sentinel.kubernetes.enabled=false",)):
+        off = chart.render(base, sets=("workerDefaults.wake.enabled=false",) + sets)
+        assert "kubernetesUsers" not in sentinel_config(off, values)["auth"], sets
+        assert not off.all("ClusterRole"), sets

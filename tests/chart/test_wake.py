@@ -78,7 +78,8 @@ def test_a_worker_with_its_own_account_is_allowed_under_it(chart):
 
 def test_wake_off_leaves_the_pod_and_the_sentinel_as_before(chart):
     values, workers = effective("keda-static")
-    r = chart.render(scenario("keda-static"), sets=("workerDefaults.wake.enabled=false",))
+    r = chart.render(scenario("keda-static"), sets=("workerDefaults.wake.enabled=false",
+                                                    "sentinel.kubernetes.userAccess=false"))
     for w in workers:
         deploy = r.get("Deployment", w["deployment"])
         assert "ASTRO_AGENT_SENTINEL_URL" not in env_of(container(deploy, "agent"))

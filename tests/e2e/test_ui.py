@@ -140,9 +140,10 @@ def test_without_a_token_the_page_says_how_to_get_one(sentinel, browser):
     until(d, lambda d: by_id(d, "token-panel").is_displayed(), "ask for a token")
     assert "needs a bearer token" in by_id(d, "token-problem").text
     help_text = by_id(d, "token-help").text
-    assert ("kubectl get secret astro-keda-sentinel-token -n <namespace> "
-            "-o jsonpath='{.data.token}' | base64 -d") in help_text
-    assert "resourceNamePrefix" in help_text and "auth.staticTokensFile" in help_text
+    # A person's own token first; nobody is sent to read KEDA's Secret.
+    assert "kubectl create token <your service account> -n <its namespace>" in help_text
+    assert "sentinel.kubernetes.userAccess" in help_text and "auth.staticTokensFile" in help_text
+    assert "kubectl get secret" not in help_text
     field = by_id(d, "token-input")
     assert label_of(d, field) == "Bearer token"
     assert field.get_attribute("type") == "password"

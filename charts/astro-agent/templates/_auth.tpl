@@ -8,6 +8,13 @@ external-push trigger): the mode and the names of the objects that carry the cre
 {{- if eq .Values.keda.auth.mode "boundServiceAccountToken" -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when people read workers with their own Kubernetes token (sentinel.kubernetes.userAccess;
+the Sentinel checks access in the release namespace, so it needs sentinel.kubernetes.enabled). */}}
+{{- define "astro-agent.sentinelUserAccess" -}}
+{{- $k := .Values.sentinel.kubernetes -}}
+{{- if and .Values.sentinel.enabled $k.enabled $k.userAccess -}}true{{- end -}}
+{{- end -}}
+
 {{/* The chart-made Secret holding KEDA's static bearer token for the Sentinel. */}}
 {{- define "astro-agent.kedaTokenSecretName" -}}
 {{- printf "%s-keda-sentinel-token" (include "astro-agent.prefix" .) -}}

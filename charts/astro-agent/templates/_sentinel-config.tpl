@@ -82,6 +82,7 @@ is listed: the KEDA-scaled ones, which KEDA reads from the Sentinel, and the HPA
 {{- $_ := set $config "queueEvents" $events -}}
 {{- if $s.kubernetes.enabled -}}
 {{- $_ := set $config "kubernetes" (dict "namespace" .Release.Namespace "idleFirstScaleIn" $s.kubernetes.idleFirstScaleIn) -}}
+{{- if $s.kubernetes.userAccess }}{{ $_ := set $auth "kubernetesUsers" dict }}{{ end -}}
 {{- end -}}
 {{- with include "astro-agent.sentinelHistoryVolume" . -}}
 {{- $history := dict "path" (printf "%s/history.bin" (include "astro-agent.sentinelHistoryDir" $)) -}}

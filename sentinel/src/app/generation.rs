@@ -5,7 +5,7 @@
 use super::{StartError, Tasks};
 use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::backlog::refresh_loop::RefreshLoop;
-use crate::config::file::{AuthConfig, Config, TokenReviewConfig, WorkerConfig};
+use crate::config::file::{Config, TokenReviewConfig, WorkerConfig};
 use crate::config::flags::KubernetesAccess;
 use crate::config::queue_events::SubscriberAuthConfig;
 use crate::config::ConfigError;
@@ -24,6 +24,7 @@ use crate::schedule::reader::{PoolQueues, ScheduleReader, ScheduleSource};
 use crate::schedule::schedule_loop::ScheduleLoop;
 use crate::schedule::windows::{PreWarmPool, Windows};
 use crate::serve::api::AppState;
+use crate::serve::auth::deployment_access::DeploymentAccess;
 use crate::serve::auth::static_tokens::StaticTokens;
 use crate::serve::auth::token_review::{ReviewCounters, TokenReviewer};
 use crate::serve::auth::{Authenticator, Subscribers};
@@ -90,7 +91,7 @@ impl Generation {
         };
         let kubernetes = shared.kubernetes.as_ref();
         let metrics = &shared.metrics;
-        let auth = authenticator(&config.auth, kubernetes, metrics, &mut tasks)?;
+        let auth = authenticator(&config, kubernetes, metrics, &mut tasks)?;
         let auth = match subscribers(&config.queue_events.auth, kubernetes, metrics, &mut tasks)? {
             Some(subscribers) if !config.auth.disabled => auth.with_subscribers(subscribers),
             _ => auth,
@@ -263,11 +264,12 @@ fn pre_warm(
 /// Who may read `/v1`: static tokens (watched for changes) and/or TokenReview, or anyone when
 /// auth is disabled.
 fn authenticator(
-    auth: &AuthConfig,
+    config: &Config,
     kubernetes: Option<&KubernetesAccess>,
     metrics: &Metrics,
     tasks: &mut Tasks,
 ) -> Result<Authenticator, StartError> {
+    let auth = &config.auth;
     if auth.disabled {
         tracing::warn!("auth.disabled is true: /v1/workers answers anyone who can reach it");
         return Ok(Authenticator::disabled());
@@ -280,7 +282,21 @@ fn authenticator(
         None => None,
         Some(tr) => Some(token_reviewer(tr, "auth.tokenReview", kubernetes, metrics)?),
     };
-    Ok(Authenticator::new(static_tokens, token_review))
+    let authenticator = Authenticator::new(static_tokens, token_review);
+    let (Some(ttl), Some(k8s)) = (auth.kubernetes_users, &config.kubernetes) else {
+        return Ok(authenticator);
+    };
+    let access = kubernetes.ok_or_else(|| {
+        ConfigError::new(
+            "--kubernetes-api-url: auth.kubernetesUsers needs access to the Kubernetes API",
+        )
+    })?;
+    Ok(authenticator.with_deployment_access(DeploymentAccess::new(
+        review_client(access).map_err(ConfigError::new)?,
+        k8s.namespace.clone(),
+        ttl,
+        metrics.access_reviews.clone(),
+    )))
 }
 
 /// Who may open the queue-event stream besides the readers (`queueEvents.auth`), if anyone.

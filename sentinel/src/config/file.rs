@@ -135,6 +135,9 @@ pub struct AuthConfig {
     pub disabled: bool,
     pub static_tokens_file: Option<PathBuf>,
     pub token_review: Option<TokenReviewConfig>,
+    /// People read the workers whose Deployment their own Kubernetes token may `get`; how
+    /// long the API server's answers are kept. `None`: off.
+    pub kubernetes_users: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,6 +246,14 @@ struct RawAuth {
     disabled: bool,
     static_tokens_file: Option<PathBuf>,
     token_review: Option<RawTokenReview>,
+    kubernetes_users: Option<RawKubernetesUsers>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawKubernetesUsers {
+    #[serde(default, with = "humantime_serde")]
+    cache_ttl: Option<Duration>,
 }
 
 #[derive(Deserialize)]
@@ -354,6 +365,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     }
 
     let kubernetes = raw.kubernetes.map(validate_kubernetes).transpose()?;
+    if auth.kubernetes_users.is_some() && kubernetes.is_none() {
+        return Err(ConfigError::new(
+            "auth.kubernetesUsers: needs kubernetes.namespace (where the worker Deployments whose access it checks live)",
+        ));
+    }
 
     Ok(Config {
         refresh_interval,
@@ -479,10 +495,15 @@ fn validate_auth(raw: RawAuth) -> Result<AuthConfig, ConfigError> {
              or auth.disabled: true to serve /v1 without authentication",
         ));
     }
+    let kubernetes_users = raw
+        .kubernetes_users
+        .map(|users| cache_ttl(users.cache_ttl, "auth.kubernetesUsers"))
+        .transpose()?;
     Ok(AuthConfig {
         disabled: raw.disabled,
         static_tokens_file: raw.static_tokens_file,
         token_review,
+        kubernetes_users,
     })
 }
 
@@ -510,19 +531,24 @@ pub(super) fn validate_token_review(
             "{key}.audiences: {bad:?} is empty or has surrounding whitespace"
         )));
     }
-    let cache_ttl = tr.cache_ttl.unwrap_or(DEFAULT_TOKEN_REVIEW_CACHE_TTL);
-    if cache_ttl.is_zero() || cache_ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
-        return Err(ConfigError::new(format!(
-            "{key}.cacheTtl: must be between 1s and {}, got {}",
-            humantime::format_duration(MAX_TOKEN_REVIEW_CACHE_TTL),
-            humantime::format_duration(cache_ttl)
-        )));
-    }
     Ok(TokenReviewConfig {
         allowed_usernames: tr.allowed_usernames,
         audiences: tr.audiences,
-        cache_ttl,
+        cache_ttl: cache_ttl(tr.cache_ttl, key)?,
     })
+}
+
+/// The `cacheTtl` of the `key` section: how long the API server's verdicts are kept.
+fn cache_ttl(raw: Option<Duration>, key: &str) -> Result<Duration, ConfigError> {
+    let ttl = raw.unwrap_or(DEFAULT_TOKEN_REVIEW_CACHE_TTL);
+    if ttl.is_zero() || ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
+        return Err(ConfigError::new(format!(
+            "{key}.cacheTtl: must be between 1s and {}, got {}",
+            humantime::format_duration(MAX_TOKEN_REVIEW_CACHE_TTL),
+            humantime::format_duration(ttl)
+        )));
+    }
+    Ok(ttl)
 }
 
 /// Checks one worker entry and its pre-warm settings; every message starts with the worker it
@@ -825,6 +851,15 @@ workers:
             .unwrap_err()
             .0;
         assert!(e.contains("stalenessLimit"), "{e}");
+        let e = Config::parse(
+            "source: {type: airflow-api, airflowApi: {url: 'http://a'}}\nauth: {staticTokensFile: /t, kubernetesUsers: {}}\n",
+        )
+        .unwrap_err()
+        .0;
+        assert!(
+            e.starts_with("auth.kubernetesUsers: needs kubernetes.namespace"),
+            "{e}"
+        );
         let e = Config::parse(&format!("{BASE}heldTasksInterval: 1s\n"))
             .unwrap_err()
             .0;

@@ -32,6 +32,7 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     pub token_reviews: IntCounterVec,
     pub token_reviews_skipped: IntCounterVec,
+    pub access_reviews: IntCounterVec,
     pub pod_deletion_cost_patches: IntCounterVec,
     pub cold_starts: ColdStartHistograms,
     pub queue_events: QueueEventMetrics,
@@ -168,6 +169,12 @@ impl Metrics {
                 "astro_sentinel_token_reviews_skipped_total",
                 "Bearer tokens answered without a TokenReview, by reason: not_jwt (401), rate_limited (503 with Retry-After).",
                 &["reason"],
+            ),
+            access_reviews: counter_vec(
+                &r,
+                "astro_sentinel_access_reviews_total",
+                "Reviews of people's Kubernetes tokens (auth.kubernetesUsers): kind token (TokenReview: who) or access (LocalSubjectAccessReview: may get the worker's Deployment), by outcome answered or error (cache hits excluded).",
+                &["kind", "outcome"],
             ),
             pod_deletion_cost_patches: counter_vec(
                 &r,

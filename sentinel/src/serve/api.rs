@@ -12,7 +12,7 @@ use crate::config::file::{ScaledBy, WorkerConfig};
 use crate::history::range::HistoryRange;
 use crate::history::store::History;
 use crate::metrics::Metrics;
-use crate::serve::auth::{Authenticator, Decision, Scope};
+use crate::serve::auth::{Authenticator, Decision, Readable, Scope};
 use crate::serve::queue_events::QueueEvents;
 use crate::serve::response::{error, json, respond, text, Body};
 use crate::serve::routes::{Route, V1Route};
@@ -155,31 +155,58 @@ async fn route<B: hyper::body::Body>(
         }
         Route::V1(v1) => {
             let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-            let scope = match v1 {
-                V1Route::QueueEvents => Scope::Subscribe,
-                _ => Scope::Read,
-            };
-            match state.auth.check(authorization, scope).await {
-                Decision::Allow => match v1 {
-                    V1Route::Workers => list(state),
-                    V1Route::Worker(name) => one(state, name),
-                    V1Route::History(name) => history(state, name, req.uri().query()),
-                    V1Route::QueueEvents => match &state.queue_events {
-                        Some(events) => events.subscribe(req.uri().query()),
-                        None => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
-                    },
-                },
-                Decision::Unauthorized(message) => unauthorized(message),
-                Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
-                Decision::Unavailable {
-                    message,
-                    retry_after,
-                } => auth_unavailable(message, retry_after),
+            match v1 {
+                V1Route::QueueEvents => {
+                    match state.auth.check(authorization, Scope::Subscribe).await {
+                        Decision::Allow => match &state.queue_events {
+                            Some(events) => events.subscribe(req.uri().query()),
+                            None => {
+                                error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}"))
+                            }
+                        },
+                        refusal => refused(refusal),
+                    }
+                }
+                V1Route::Workers => {
+                    let names: Vec<&str> = state.workers.iter().map(|w| w.name.as_str()).collect();
+                    match state.auth.readable(authorization, &names).await {
+                        Ok(readable) => list(state, &readable),
+                        Err(refusal) => refused(refusal),
+                    }
+                }
+                V1Route::Worker(name) | V1Route::History(name) => {
+                    // An unknown name is asked about as no worker: authenticated, then a 404.
+                    let asked: &[&str] = if state.index.contains_key(name) {
+                        &[name]
+                    } else {
+                        &[]
+                    };
+                    match state.auth.readable(authorization, asked).await {
+                        Ok(_) if matches!(v1, V1Route::History(_)) => {
+                            history(state, name, req.uri().query())
+                        }
+                        Ok(_) => one(state, name),
+                        Err(refusal) => refused(refusal),
+                    }
+                }
             }
         }
         Route::Other => error(StatusCode::NOT_FOUND, format!("no such endpoint: {path}")),
     };
     (handler, response)
+}
+
+/// The answer to a caller `auth` did not let in.
+fn refused(decision: Decision) -> Response<Body> {
+    match decision {
+        Decision::Unauthorized(message) => unauthorized(message),
+        Decision::Forbidden(message) => error(StatusCode::FORBIDDEN, message),
+        Decision::Unavailable {
+            message,
+            retry_after,
+        } => auth_unavailable(message, retry_after),
+        Decision::Allow => unreachable!("an allowed caller is served, not refused"),
+    }
 }
 
 fn unauthorized(message: String) -> Response<Body> {
@@ -260,12 +287,14 @@ struct Flagged<T> {
     available: bool,
 }
 
-fn list(state: &AppState) -> Response<Body> {
+/// Every worker `readable` includes (a person sees only the Deployments they may get).
+fn list(state: &AppState, readable: &Readable) -> Response<Body> {
     let snapshot = state.cache.snapshot();
     let now = Instant::now();
     let workers: Vec<Listed> = state
         .workers
         .iter()
+        .filter(|w| readable.includes(&w.name))
         .map(
             |w| match worker_answer(w, &snapshot, now, state.staleness_limit) {
                 WorkerAnswer::Ready(answer) => Listed::Ready(Flagged {

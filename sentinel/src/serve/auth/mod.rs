@@ -9,13 +9,20 @@
 //! A presented token is first compared with the static tokens (cheap, local); if it is not one
 //! of them and TokenReview is configured, the API server decides. Tokens are never logged, and
 //! a 401 never says why the token was refused (the reason goes to the debug log).
+//!
+//! A third kind of caller, people (`auth.kubernetesUsers`), reads the backlog and history of
+//! the workers whose Deployment their own Kubernetes token may `get`
+//! ([`deployment_access`]); see [`Authenticator::readable`].
 
 mod claimed_username;
+pub mod deployment_access;
 mod jwt_shape;
 pub mod static_tokens;
 pub mod token_review;
 
+use deployment_access::DeploymentAccess;
 use static_tokens::StaticTokens;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use token_review::{ReviewError, TokenReviewer, Verdict};
@@ -58,6 +65,25 @@ pub struct Authenticator {
     static_tokens: Option<Arc<StaticTokens>>,
     token_review: Option<TokenReviewer>,
     subscribers: Option<Subscribers>,
+    deployment_access: Option<DeploymentAccess>,
+}
+
+/// The workers a caller may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readable {
+    /// A reader (KEDA's token, a static token) or auth disabled: every worker.
+    All,
+    /// A person: the workers whose Deployment they may `get`, of those asked about.
+    Only(BTreeSet<String>),
+}
+
+impl Readable {
+    pub fn includes(&self, worker: &str) -> bool {
+        match self {
+            Readable::All => true,
+            Readable::Only(workers) => workers.contains(worker),
+        }
+    }
 }
 
 impl Authenticator {
@@ -67,6 +93,7 @@ impl Authenticator {
             static_tokens: None,
             token_review: None,
             subscribers: None,
+            deployment_access: None,
         }
     }
 
@@ -79,7 +106,70 @@ impl Authenticator {
             static_tokens,
             token_review,
             subscribers: None,
+            deployment_access: None,
         }
+    }
+
+    /// Lets people read the workers whose Deployment their Kubernetes token may `get`.
+    pub fn with_deployment_access(mut self, access: DeploymentAccess) -> Self {
+        self.deployment_access = Some(access);
+        self
+    }
+
+    /// Which of `workers` the caller may read: all of them for a reader; for a person (a token
+    /// no reader rule accepts, when `auth.kubernetesUsers` is on), those whose Deployment the
+    /// API server says the token's user may `get` — each asked about, cached. `Err`: the
+    /// refusal (401, 403, 503) to answer.
+    pub async fn readable(
+        &self,
+        authorization: Option<&[u8]>,
+        workers: &[&str],
+    ) -> Result<Readable, Decision> {
+        if self.disabled {
+            return Ok(Readable::All);
+        }
+        let Some(token) = authorization.and_then(bearer_token) else {
+            return Err(Decision::Unauthorized(
+                "missing bearer token (Authorization: Bearer <token>)".into(),
+            ));
+        };
+        let refusal = match self.check_reader(token).await {
+            Decision::Allow => return Ok(Readable::All),
+            refusal @ (Decision::Unauthorized(_) | Decision::Forbidden(_)) => refusal,
+            unavailable @ Decision::Unavailable { .. } => return Err(unavailable),
+        };
+        let Some(access) = &self.deployment_access else {
+            return Err(refusal);
+        };
+        // Nobody vouches for the token: the readers' refusal says so (401 or 403).
+        let user = match access.person(token).await {
+            Ok(Some(user)) => user,
+            Ok(None) => return Err(refusal),
+            Err(error) => return Err(review_unavailable(error)),
+        };
+        let mut granted = BTreeSet::new();
+        for &worker in workers {
+            match access.may_get(token, &user, worker).await {
+                Ok(true) => {
+                    granted.insert(worker.to_string());
+                }
+                Ok(false) => {}
+                Err(error) => return Err(review_unavailable(error)),
+            }
+        }
+        if granted.is_empty() && !workers.is_empty() {
+            let username = user.username.unwrap_or_default();
+            tracing::info!(%username, "refused a person who may get none of the asked workers' Deployments");
+            let what = match workers {
+                [one] => format!("Deployment {one}"),
+                _ => "any worker Deployment".into(),
+            };
+            return Err(Decision::Forbidden(format!(
+                "user {username} may not get {what} in namespace {}",
+                access.namespace()
+            )));
+        }
+        Ok(Readable::Only(granted))
     }
 
     /// Lets `subscribers` open the queue-event stream as well.
@@ -130,19 +220,26 @@ impl Authenticator {
                 tracing::debug!(%reason, "refused a bearer token");
                 Decision::Unauthorized(INVALID_TOKEN.into())
             }
-            Err(ReviewError::Busy { retry_after }) => {
-                tracing::debug!(?retry_after, "the TokenReview budget is spent");
-                Decision::Unavailable {
-                    message: "too many unknown tokens to verify right now; retry later".into(),
-                    retry_after: Some(retry_after),
-                }
+            Err(error) => review_unavailable(error),
+        }
+    }
+}
+
+/// The 503 for a token that could not be checked right now.
+fn review_unavailable(error: ReviewError) -> Decision {
+    match error {
+        ReviewError::Busy { retry_after } => {
+            tracing::debug!(?retry_after, "the TokenReview budget is spent");
+            Decision::Unavailable {
+                message: "too many unknown tokens to verify right now; retry later".into(),
+                retry_after: Some(retry_after),
             }
-            Err(ReviewError::Failed(error)) => {
-                tracing::warn!(%error, "cannot verify a bearer token");
-                Decision::Unavailable {
-                    message: "cannot verify the bearer token right now".into(),
-                    retry_after: None,
-                }
+        }
+        ReviewError::Failed(error) => {
+            tracing::warn!(%error, "cannot verify a bearer token");
+            Decision::Unavailable {
+                message: "cannot verify the bearer token right now".into(),
+                retry_after: None,
             }
         }
     }
