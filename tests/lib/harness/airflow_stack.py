@@ -235,9 +235,6 @@ class AirflowStack:
             AIRFLOW__API__BASE_URL=self.api_base,
             AIRFLOW__API__SECRET_KEY=self._api_secret_key,
             AIRFLOW__API_AUTH__JWT_SECRET=self.jwt_secret,
-            # edge3 1.0.0 checks the Edge API's tokens with this key instead (what its users on
-            # Airflow 3 set to the workers' secret); later releases ignore it.
-            AIRFLOW__CORE__INTERNAL_API_SECRET_KEY=self.jwt_secret,
             AIRFLOW__EDGE__API_ENABLED="True",
             AIRFLOW__EDGE__API_URL=f"{self.edge_api_url}/rpcapi",
             AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(self.log_folder),
