@@ -268,8 +268,10 @@ def start_sentinel(sc: Scenario, stack: AirflowStack) -> None:
     # The chart's Sentinel also watches worker pods; that side is the cluster stage's, and this
     # stage has no API server to watch.
     config.pop("kubernetes", None)
-    # Likewise the worker Pods' tokens for the queue events, which only an API server can review.
+    # Likewise the worker Pods' tokens for the queue events and people's tokens for the page,
+    # which only an API server can review.
     config.get("queueEvents", {}).pop("auth", None)
+    config["auth"].pop("kubernetesUsers", None)
     # The history file goes where the chart mounts its volume; here, into the scenario's folder.
     if config.get("history", {}).get("path"):
         config["history"]["path"] = str(folder / "history.bin")
