@@ -84,6 +84,23 @@ def sentinel_bin() -> Path:
     return binary
 
 
+def plain_source(airflow, source: str, tables: str, cleanup: list) -> tuple[dict, dict[str, str]]:
+    """The Sentinel's `source` section and environment for `source` against the stack: the REST
+    API as admin, or PostgreSQL (no TLS) as a new read-only role granted SELECT on `tables`,
+    dropped by the steps appended to `cleanup`."""
+    if source == "airflow-api":
+        return ({"type": "airflow-api", "airflowApi": {"url": airflow.api_base}},
+                {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"})
+    role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
+    airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    airflow.sql(f"GRANT SELECT ON {tables} TO {role}")
+    cleanup.append(lambda: airflow.sql(f"DROP OWNED BY {role}"))
+    cleanup.append(lambda: airflow.sql(f"DROP ROLE {role}"))
+    pg = urlparse(airflow.postgres_url)
+    return ({"type": "postgres", "postgres": {"sslMode": "disable"}},
+            {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"})
+
+
 class Sentinel:
     """One astro-sentinel process with a config file and a static token."""
 

@@ -13,14 +13,12 @@ Airflow queues one and holds three as scheduled. Nothing serves the queue.
 from __future__ import annotations
 
 import json
-import secrets
-from urllib.parse import urlparse
 
 import pytest
 
 from harness.procs import wait_for
 
-from test_sentinel import REFRESH, Sentinel, backlog_of, sentinel_bin  # noqa: F401 (a fixture)
+from test_sentinel import plain_source, REFRESH, Sentinel, backlog_of, sentinel_bin  # noqa: F401 (a fixture)
 
 DAG = "e2e_pool_held"
 QUEUE = "sentinel-held"
@@ -41,18 +39,7 @@ def test_tasks_held_by_a_pool_are_reported_and_scale_nothing(source, airflow, tr
     client.request("POST", "/api/v2/pools", ok=(200, 201, 409),
                    json={"name": POOL, "slots": 1, "description": "astro e2e: holds tasks back"})
     cleanup = []
-    if source == "airflow-api":
-        source_config = {"type": "airflow-api", "airflowApi": {"url": airflow.api_base}}
-        env = {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"}
-    else:
-        role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
-        airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        airflow.sql(f"GRANT SELECT ON task_instance TO {role}")
-        cleanup.append(lambda: airflow.sql(f"DROP OWNED BY {role}"))
-        cleanup.append(lambda: airflow.sql(f"DROP ROLE {role}"))
-        pg = urlparse(airflow.postgres_url)
-        source_config = {"type": "postgres", "postgres": {"sslMode": "disable"}}
-        env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
+    source_config, env = plain_source(airflow, source, "task_instance", cleanup)
     # Counted at every refresh here (30 s by default, a finding over minutes).
     s = Sentinel(sentinel_bin, tmp_path / "sentinel", source_config, env, workers=WORKERS,
                  settings={"heldTasksInterval": f"{int(REFRESH * 1000)}ms"})

@@ -17,14 +17,12 @@ one real astro-agent serves it, started with ``--sync-slots 4``.
 from __future__ import annotations
 
 import json
-import secrets
-from urllib.parse import urlparse
 
 import pytest
 
 from harness.procs import wait_for
 
-from test_sentinel import REFRESH, Sentinel, sentinel_bin  # noqa: F401 (a fixture)
+from test_sentinel import plain_source, REFRESH, Sentinel, sentinel_bin  # noqa: F401 (a fixture)
 
 QUEUE = "sentinel-pause"
 POOL = "astro-worker-pause"
@@ -57,18 +55,7 @@ def finding(s: Sentinel, kind: str) -> dict | None:
 def test_maintenance_pauses_the_pool_and_other_slots_are_found(source, airflow, astro_agent, sentinel_bin,
                                                                 tmp_path):
     cleanup = []
-    if source == "airflow-api":
-        source_config = {"type": "airflow-api", "airflowApi": {"url": airflow.api_base}}
-        env = {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"}
-    else:
-        role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
-        airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        airflow.sql(f"GRANT SELECT ON task_instance, edge_worker TO {role}")
-        cleanup.append(lambda: airflow.sql(f"DROP OWNED BY {role}"))
-        cleanup.append(lambda: airflow.sql(f"DROP ROLE {role}"))
-        pg = urlparse(airflow.postgres_url)
-        source_config = {"type": "postgres", "postgres": {"sslMode": "disable"}}
-        env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
+    source_config, env = plain_source(airflow, source, "task_instance, edge_worker", cleanup)
     s = Sentinel(sentinel_bin, tmp_path / "sentinel", source_config, env, workers=WORKERS)
     try:
         s.start()

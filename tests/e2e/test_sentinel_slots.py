@@ -16,14 +16,12 @@ workers, not the ceil(7 / 4) = 2 a task count would give.
 from __future__ import annotations
 
 import math
-import secrets
-from urllib.parse import urlparse
 
 import pytest
 
 from harness.procs import wait_for
 
-from test_sentinel import QUEUE, REFRESH, Sentinel, backlog_of, sentinel_bin  # noqa: F401 (a fixture)
+from test_sentinel import plain_source, QUEUE, REFRESH, Sentinel, backlog_of, sentinel_bin  # noqa: F401 (a fixture)
 
 DAG = "e2e_slots_mix"
 TASKS, SLOTS = 7, 4 * 1 + 3 * 3
@@ -45,18 +43,7 @@ def oldest_queued_wait(airflow) -> float:
 def test_backlog_in_slots_and_the_oldest_wait(source, airflow, trigger_dag, python_edge_worker,
                                                sentinel_bin, tmp_path):
     cleanup = []
-    if source == "airflow-api":
-        source_config = {"type": "airflow-api", "airflowApi": {"url": airflow.api_base}}
-        env = {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"}
-    else:
-        role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
-        airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        airflow.sql(f"GRANT SELECT ON task_instance TO {role}")
-        cleanup.append(lambda: airflow.sql(f"DROP OWNED BY {role}"))
-        cleanup.append(lambda: airflow.sql(f"DROP ROLE {role}"))
-        pg = urlparse(airflow.postgres_url)
-        source_config = {"type": "postgres", "postgres": {"sslMode": "disable"}}
-        env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
+    source_config, env = plain_source(airflow, source, "task_instance", cleanup)
     s = Sentinel(sentinel_bin, tmp_path / "sentinel", source_config, env, workers=WORKERS)
     try:
         s.start()
