@@ -685,6 +685,44 @@ def test_a_volume_is_seen_only_by_the_containers_that_mount_it(standin, namespac
     delete_and_record(api, namespace, "split")
 
 
+def test_a_claim_mounts_its_bound_volume_and_waits_until_bound(standin, namespace):
+    """A persistentVolumeClaim volume: the Pod waits (ContainerCreating, FailedMount) while its
+    claim is unbound; once kube-controller-manager binds it to a hostPath PersistentVolume the
+    container writes there, and what it wrote outlives the Pod, as on a real node."""
+    api = standin
+    storage_class = f"manual-{namespace}"  # one per test: the binder matches claims by class
+    folder = WORK / "volumes" / namespace
+    claim = {"metadata": {"name": "data"},
+             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+                      "resources": {"requests": {"storage": "1Mi"}}}}
+    api.request("POST", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", claim)
+    writer = ("import pathlib, signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+              "pathlib.Path('/data/note').write_text('kept')\n"
+              "print('wrote', flush=True)\n"
+              "time.sleep(3600)\n")
+    create_pod(api, namespace, "keeper", [{"name": "main", "command": ["python", "-c", writer],
+                                           "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+               volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+               terminationGracePeriodSeconds=5)
+    wait_for(lambda: any("is not bound" in e["message"] for e in events_of(api, namespace, "keeper", "FailedMount")),
+             30, "a FailedMount event for the unbound claim")
+    assert "running" not in container_state(get_pod(api, namespace, "keeper"), "main")["state"]
+
+    volume = f"pv-{namespace}"
+    api.request("POST", "/api/v1/persistentvolumes", {
+        "metadata": {"name": volume},
+        "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder)}}})
+    try:
+        wait_running_and_logged(api, namespace, "keeper", "wrote")
+        assert (folder / "note").read_text() == "kept"
+        delete_and_record(api, namespace, "keeper")
+        assert (folder / "note").read_text() == "kept", "the claim's data went with the Pod"
+    finally:
+        api.request("DELETE", f"/api/v1/persistentvolumes/{volume}")
+
+
 def test_sidecar_readiness_counts_toward_ready(standin, namespace):
     """A sidecar's readiness probe holds the Pod's Ready back, app containers ready or not."""
     api = standin

@@ -47,7 +47,9 @@ Deviations from a real kubelet, on purpose:
   restart counts from zero), as after a node reboot; Pods already Succeeded or Failed stay so.
 * Unsupported, reported in the containers' waiting state: hostNetwork/hostPID/hostIPC,
   shareProcessNamespace, hostPort, and volumes other than emptyDir, hostPath, secret, configMap,
-  downwardAPI and projected (serviceAccountToken, secret, configMap, downwardAPI).
+  downwardAPI, projected (serviceAccountToken, secret, configMap, downwardAPI) and
+  persistentVolumeClaim bound to a hostPath or local PersistentVolume (kube-controller-manager
+  binds claims; the Pod waits in ContainerCreating, with a FailedMount event, until it is bound).
 * Not implemented: a per-Pod /etc/hosts or resolv.conf (containers see the node's), image pulls
   (every mapped image is "already present"), image updates of a running Pod, activeDeadlineSeconds,
   in-place resize, ephemeral containers, gRPC probes, the kubelet's HTTP API (no logs/exec through

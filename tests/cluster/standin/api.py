@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from standin.common import KUBELET_VERSION, log, rfc3339
+from standin.spec import ConfigError, Unsupported
 
 if TYPE_CHECKING:
     from standin.common import Obj
@@ -304,6 +305,26 @@ class ClusterObjects:
     def secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
         obj = self._get(self.secrets, "secrets", namespace, name)
         return None if obj is None else {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+
+    def claimed_path(self, namespace: str, claim: str) -> str:
+        """Where a PersistentVolumeClaim's data lives on this machine: the hostPath or local path
+        of the PersistentVolume it is bound to (the only volume sources a node of this stand-in
+        can reach). Raises ConfigError while the claim is missing or unbound, as the kubelet keeps
+        a Pod's containers waiting until its volumes can be mounted."""
+        try:
+            pvc = self._api.request("GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+        except ApiError as e:
+            if e.status == 404:
+                raise ConfigError(f'persistentvolumeclaim "{claim}" not found') from e
+            raise
+        volume = (pvc.get("spec") or {}).get("volumeName")
+        if (pvc.get("status") or {}).get("phase") != "Bound" or not volume:
+            raise ConfigError(f'persistentvolumeclaim "{claim}" is not bound')
+        spec = self._api.request("GET", f"/api/v1/persistentvolumes/{volume}").get("spec") or {}
+        for kind in ("hostPath", "local"):
+            if kind in spec:
+                return spec[kind]["path"]
+        raise Unsupported(f'persistentvolume "{volume}" is neither hostPath nor local')
 
     def config_map_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
         obj = self._get(self.config_maps, "configmaps", namespace, name)

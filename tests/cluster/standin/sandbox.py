@@ -194,6 +194,7 @@ class PodVolumes:
     def __init__(self, worker: PodWorker) -> None:
         self._worker = worker
         self._root = worker.dir / "volumes"
+        self._claimed: dict[str, Path] = {}  # volume name -> the bound PersistentVolume's path
         self.ready = False  # set up once; after that a failed refresh keeps the old content
 
     def path(self, pod: Obj, name: str) -> Path:
@@ -202,12 +203,15 @@ class PodVolumes:
             raise ConfigError(f'volume "{name}" is not defined in the Pod')
         if "hostPath" in volume:
             return Path(volume["hostPath"]["path"])
+        if "persistentVolumeClaim" in volume:
+            return self._claimed[name]
         return self._root / name
 
     @staticmethod
     def read_only(pod: Obj, name: str) -> bool:
         volume: Obj = next((v for v in pod["spec"].get("volumes") or [] if v["name"] == name), {})
-        return any(kind in volume for kind in VOLUME_KINDS_READ_ONLY)
+        claim_read_only = bool((volume.get("persistentVolumeClaim") or {}).get("readOnly"))
+        return claim_read_only or any(kind in volume for kind in VOLUME_KINDS_READ_ONLY)
 
     def sync(self, pod: Obj, pod_ip: str) -> None:
         for volume in pod["spec"].get("volumes") or []:
@@ -218,6 +222,12 @@ class PodVolumes:
                     (self._root / name).mkdir(parents=True, exist_ok=True)
                 elif kind == "hostPath":
                     self._host_path(volume["hostPath"])
+                elif kind == "persistentVolumeClaim":
+                    if name not in self._claimed:  # bound once: a PersistentVolume's path does not move
+                        claim = volume[kind]["claimName"]
+                        path = Path(self._worker.node.machine.objects.claimed_path(pod["metadata"]["namespace"], claim))
+                        path.mkdir(parents=True, exist_ok=True)  # a local/hostPath PV's folder, as provisioned
+                        self._claimed[name] = path
                 elif kind in VOLUME_KINDS_READ_ONLY:
                     source = volume[kind]
                     mode = source.get("defaultMode", 0o644) & 0o777
