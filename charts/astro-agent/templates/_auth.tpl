@@ -58,3 +58,7 @@ release namespace in their name, so two installs with the same prefix do not col
 {{- define "astro-agent.externalPushAuthName" -}}
 {{- printf "%s-keda-sentinel-external-push" (include "astro-agent.prefix" .) -}}
 {{- end -}}
+
+{{- define "astro-agent.podPatchPolicyName" -}}
+{{- printf "%s-%s-sentinel-pod-patch" (include "astro-agent.prefix" .) .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
