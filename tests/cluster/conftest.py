@@ -10,7 +10,8 @@ The scenarios run side by side (pytest-xdist), each in its own namespace and rel
 ``infra/driver.py`` and every pytest process attaches to it; without it (a file run alone) these
 fixtures start their own. Each test file runs in one process, in the order of ``FIRST`` (the
 longest first) and then by name; files that share cluster-wide state run in one process, one
-after the other (``TOGETHER``).
+after the other (``TOGETHER``). Scenarios marked ``alone`` (they stop the API server or KEDA,
+which every scenario shares) run after all the others, one after another (``run.sh``).
 
 Session fixtures (in ``infra/stage.py``), each stopped by PID at the end (also on failure) by
 whoever started it:
@@ -43,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 # Test files that run first, longest first: the stage lasts as long as its longest process.
-FIRST = ("test_keda_scaling.py", "test_hpa_path.py", "test_scale_in_idle_first.py", "test_pool_alerts.py")
+FIRST = ("test_keda_scaling.py", "test_hpa_path.py", "test_scale_in_idle_first.py", "test_pool_alerts.py",
+         "test_chaos_sentinel.py", "test_chaos_upgrade.py", "test_chaos_drain.py", "test_chaos_slow_airflow.py")
 # Test files that share cluster-wide state, by the name of what they share: the HPA path's stacks
 # register the one custom.metrics.k8s.io APIService.
 TOGETHER = {"test_hpa_path.py": "custom-metrics-apiservice", "test_hpa_stack.py": "custom-metrics-apiservice"}
@@ -59,6 +61,12 @@ def _env_path(name: str) -> Path:
 WORK = _env_path("ASTRO_CLUSTER_WORK")
 BIN = _env_path("ASTRO_CLUSTER_BIN")
 STATE = os.environ.get("ASTRO_CLUSTER_STATE")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "alone: breaks what every scenario shares (the API server, KEDA); run.sh runs these after "
+                   "the others, one after another")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -165,13 +173,19 @@ def airflow():
             stack.stop()
 
 
+# Every release's namespace enforces the `restricted` Pod Security Standard (the API server's
+# PodSecurity admission): a Pod the chart renders that needs more is refused at creation.
+POD_SECURITY = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}
+
+
 @pytest.fixture(scope="session")
-def release_factory(control_plane, keda):
+def release_factory(control_plane, cluster, keda):
     # Depends on KEDA so that releases are uninstalled while KEDA's operator still runs: it
     # removes the finalizers it put on their ScaledObjects.
     made: list[HelmRelease] = []
 
     def make(name: str, namespace: str) -> HelmRelease:
+        cluster.label_namespace(namespace, POD_SECURITY)
         release = HelmRelease(control_plane.kubeconfig, name, namespace, WORK / "helm" / name)
         made.append(release)
         return release

@@ -10,6 +10,9 @@
 # prometheus-adapter (build.sh), helm (tests/chart/helm.sh), the venvs (tests/lib/venvs.sh) and,
 # unless ASTRO_AGENT_BIN / ASTRO_SENTINEL_BIN name them, the two binaries.
 #
+# The scenarios run side by side; those marked `alone` (chaos on the API server and KEDA, which
+# every scenario shares) run afterwards, one after another, on the same infrastructure.
+#
 # Everything runs in a private network and mount namespace (unshare): its `lo` carries
 # 10.200.0.1, where the API server and every server the cluster routes to listen (the API server
 # refuses loopback addresses in Endpoints); pods get their own network namespaces, joined to it
@@ -91,5 +94,11 @@ unshare --net --mount --propagation private -- bash -c '
     exit 1
   fi
   echo "shared infrastructure ready in $((SECONDS - started)) s"
-  "$python" -m pytest -n "$ASTRO_CLUSTER_PROCESSES" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
+  # Exit code 5: pytest selected no test (the files asked for have none of that kind).
+  selected() { "$@" || { code=$?; [ "$code" -eq 5 ] || exit "$code"; }; }
+  selected "$python" -m pytest -n "$ASTRO_CLUSTER_PROCESSES" --dist loadfile --no-loadscope-reorder \
+    --durations=30 -m "not alone" "$@"
+  # The chaos scenarios that stop what every scenario shares (the API server, KEDA) come last,
+  # alone, one after another, on the same infrastructure.
+  selected "$python" -m pytest --durations=30 -m alone "$@"
 ' cluster-stage "$root" "$tools/bin/python" -p no:cacheprovider -v -rA "${@:-tests/cluster}"

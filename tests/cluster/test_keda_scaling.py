@@ -32,6 +32,7 @@ from harness.procs import wait_for
 from harness.sentinel_page import by_id, card, loaded_range, save, sign_in, until
 
 from conftest import chart_values, dedicated_nodes
+from infra.drain_check import assert_drained
 from infra.kube import PodRecorder, ReplicaTimeline, condition
 
 NAMESPACE = "astro-scaling"
@@ -173,20 +174,7 @@ def test_keda_scales_a_burst_from_zero_to_max_and_back_draining_deleted_pods(sca
     # Drain: every deleted pod's agent exited 0 inside its grace period, after its tasks ended.
     deleted = [s for s in stories.values() if s.deletion_requested_at is not None]
     assert deleted, "no pod was deleted"
-    busy_at_deletion = []
-    for story in deleted:
-        assert story.exit_code == 0, f"{story.name}: the agent exited {story.exit_code} on deletion"
-        assert story.grace_period == GRACE_SECONDS
-        assert story.finished_at is not None
-        drain = story.finished_at.timestamp() - story.deletion_requested_at
-        assert drain < GRACE_SECONDS, f"{story.name} took {drain:.1f}s to stop"
-        mine = [t for t in tis if t["hostname"] == story.name]
-        running = [t for t in mine if _parse_time(t["end_date"]).timestamp() > story.deletion_requested_at]
-        for t in running:
-            assert _parse_time(t["end_date"]).timestamp() <= story.finished_at.timestamp() + 1, \
-                f"{story.name} exited before its task {t['task_id']} ended"
-        if running:
-            busy_at_deletion.append((story.name, [t["task_id"] for t in running], round(drain, 1)))
+    busy_at_deletion = assert_drained(deleted, tis, GRACE_SECONDS)
     print(f"deleted pods that were running tasks (pod, tasks, seconds to exit): {busy_at_deletion}")
     assert busy_at_deletion, "no deleted pod was running a task: the drain was not exercised"
     _cold_starts_were_timed(scaling["token"], BURST, set(stories))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import secrets
 import ssl
+import time
 import urllib.request
 from pathlib import Path
 
@@ -77,6 +78,16 @@ class ControlPlane:
         """Stop every process, newest first (idempotent)."""
         for daemon in reversed(self._daemons):
             daemon.stop(timeout=15)
+
+    def restart_apiserver(self, down: float, timeout: float = 120.0) -> None:
+        """The API server stopped (SIGTERM, as a crash or an upgrade of the control plane would
+        take it away), left down for ``down`` seconds -- the outage itself -- and started again
+        with the same flags; returns once it is ready. etcd keeps every object meanwhile."""
+        apiserver = self.daemon("kube-apiserver")
+        apiserver.stop(timeout=15)
+        time.sleep(down)
+        apiserver.start()
+        self._wait_http(apiserver, f"{self.server}/readyz", timeout)
 
     def daemon(self, name: str) -> Daemon:
         """The running ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` or

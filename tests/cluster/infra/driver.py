@@ -8,11 +8,15 @@ writes FILE (what ``stage.attach`` reads: addresses, token, ports), prints ``rea
 and closes it, then runs until SIGTERM or SIGINT, when it stops everything it started, newest
 first. If anything fails to start it stops what it had started and exits 1 without printing
 ``ready``: whoever reads its stdout sees the end of it instead.
+
+On SIGUSR1 it performs the outage a chaos scenario asked for in the request file beside FILE
+(``infra/outage.py``): it started those processes, so it alone stops and restarts them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -20,7 +24,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from infra import stage
+from infra import outage, stage
 from infra.kube import Cluster
 
 
@@ -29,9 +33,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--state", type=Path, required=True)
     args = p.parse_args(argv)
     work, bin_dir = Path(os.environ["ASTRO_CLUSTER_WORK"]), Path(os.environ["ASTRO_CLUSTER_BIN"])
-    stop = threading.Event()
+    stop, asked = threading.Event(), threading.Event()
+    wake = threading.Event()  # either of the two
+
+    def on(event: threading.Event):
+        return lambda *_: (event.set(), wake.set())
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on(stop))
+    signal.signal(signal.SIGUSR1, on(asked))
     # Everything printed goes to stderr (the log); stdout carries "ready" only.
     ready_out, sys.stdout = sys.stdout, sys.stderr
 
@@ -61,11 +71,16 @@ def main(argv: list[str]) -> int:
         if "error" in airflow:
             raise RuntimeError(f"Airflow did not start: {airflow['error']}")
         started.append(airflow["stack"].stop)
-        stage.write_state(args.state, stage.state(control_plane, keda, airflow["stack"]))
+        stage.write_state(args.state, stage.state(control_plane, keda, airflow["stack"]) | {"driver_pid": os.getpid()})
         print("shared infrastructure ready", flush=True)
         ready_out.write("ready\n")
         ready_out.close()
-        stop.wait()
+        while not stop.is_set():
+            wake.wait()
+            wake.clear()
+            if asked.is_set() and not stop.is_set():
+                asked.clear()
+                _perform_outage(args.state, control_plane, keda)
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -80,6 +95,23 @@ def main(argv: list[str]) -> int:
                 print(f"stopping: {e!r}", flush=True)
         print("shared infrastructure stopped", flush=True)
     return code
+
+
+def _perform_outage(state: Path, control_plane, keda) -> None:
+    """The outage the request file beside ``state`` names; the answer goes to the done file."""
+    answer: dict = {}
+    try:
+        request = json.loads(outage.request_path(state).read_text())
+        print(f"outage of {request['component']} for {request['down']} s", flush=True)
+        outage.perform(control_plane, keda, request["component"], float(request["down"]))
+        print(f"{request['component']} back", flush=True)
+    except Exception as e:  # reported to the scenario that asked
+        traceback.print_exc()
+        answer["error"] = repr(e)
+    done = outage.done_path(state)
+    tmp = done.with_name(done.name + ".tmp")
+    tmp.write_text(json.dumps(answer))
+    tmp.replace(done)
 
 
 if __name__ == "__main__":

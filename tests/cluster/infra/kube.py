@@ -29,6 +29,16 @@ class Cluster(KubeApi):
         self.custom = client.CustomObjectsApi(self.api)
         self.autoscaling = client.AutoscalingV2Api(self.api)
         self.rbac = client.RbacAuthorizationV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
+
+    def label_namespace(self, name: str, labels: dict[str, str]) -> None:
+        """Creates the namespace with ``labels``, or adds them to the one that exists."""
+        try:
+            self.core.create_namespace({"metadata": {"name": name, "labels": labels}})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            self.core.patch_namespace(name, {"metadata": {"labels": labels}})
 
     def scaled_object(self, namespace: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object("keda.sh", "v1alpha1", namespace, "scaledobjects", name)

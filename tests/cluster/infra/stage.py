@@ -32,8 +32,9 @@ ROOT = CLUSTER_TESTS.parents[1]
 # The general Nodes: room for every scenario that runs at the same time as the others.
 GENERAL_NODES = ("node-a", "node-b")
 GENERAL_CAPACITY = "cpu=8,memory=32Gi,pods=110"
-# Namespaces whose scenarios fill their Nodes on purpose: two 2-CPU Nodes each, as a small cluster.
-DEDICATED = ("astro-scaling", "astro-alerts")
+# Namespaces whose scenarios fill (or drain) their Nodes on purpose: two 2-CPU Nodes each, as a
+# small cluster.
+DEDICATED = ("astro-scaling", "astro-alerts", "astro-drain")
 DEDICATED_CAPACITY = "cpu=2,memory=8Gi,pods=30"
 DEDICATED_KEY = "astro.test/dedicated"
 

@@ -1,0 +1,5 @@
+"""airflow DAG for the cluster stage's control-plane chaos scenarios: 24 tasks of 20 s on queue
+cluster-outage, four waves on 3 workers x 2 slots, so work runs and waits through each outage."""
+from astro_e2e_tasks import sleeper_dag
+
+sleeper_dag("cluster_outage", tasks=24, queue="cluster-outage", seconds=20)

@@ -1,0 +1,191 @@
+"""Chaos on the control plane itself, mid-burst: kube-apiserver stopped for 30 s and started again;
+KEDA's operator and metrics API server restarted. Both break what every scenario shares, so they
+run alone, after the others (marker ``alone``).
+
+A KEDA pool (syncSlots 2, 0..3 workers, idle-first scale-in on) runs 24 tasks of 20 s per burst.
+
+* API server: the workers keep running (and finishing) tasks while it is away -- they talk to
+  Airflow, not to Kubernetes; the Sentinel notices (its history's Kubernetes lines go unknown, not
+  stale) and its watches recover; idle-first deletion-cost patching resumes; no Pod is deleted
+  during the outage, and every Pod deleted afterwards drains.
+* KEDA: the HPA keeps the pool while KEDA's metrics API is away; afterwards KEDA's operator
+  drives the pool again, back to 0 once the work is done.
+
+Each prints its timeline, the outage's moments and the counts of tasks submitted / succeeded /
+failed / lost (both 0).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import pytest
+import requests
+
+from harness.procs import wait_for
+
+from conftest import chart_values
+from infra import outage
+from infra.drain_check import assert_drained
+from infra.kube import PodRecorder, ReplicaTimeline, condition
+
+pytestmark = pytest.mark.alone
+
+NAMESPACE = "astro-outage"
+RELEASE = "outage"
+SENTINEL = f"http://astro-sentinel.{NAMESPACE}.svc:39092"
+POOL = "astro-worker-outage"
+DAG = "cluster_outage"
+TASKS = 24
+GRACE_SECONDS = 115
+APISERVER_DOWN_SECONDS = 30
+
+
+@pytest.fixture(scope="module")
+def pool(cluster, nodes, keda, airflow, release_factory):
+    release = release_factory(RELEASE, NAMESPACE)
+    values = chart_values(airflow)
+    values["workers"] = [{
+        "name": "outage", "queues": ["cluster-outage"], "syncSlots": 2,
+        "terminationGracePeriodSeconds": GRACE_SECONDS, "drainMarginSeconds": 35,
+        "keda": {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 3, "pollingInterval": 2,
+                 "cooldownPeriod": 20, "behavior": {"scaleDown": {"stabilizationWindowSeconds": 10}}},
+    }]
+    release.install(values)
+    token = cluster.secret_value(NAMESPACE, "astro-keda-sentinel-token", "token")
+    wait_for(lambda: condition(cluster.scaled_object(NAMESPACE, POOL), "Ready") == "True", 120,
+             f"ScaledObject {POOL} READY True")
+    wait_for(lambda: _at_zero(cluster), 180, f"{POOL} at 0")
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    return session
+
+
+def _at_zero(cluster) -> bool:
+    return (cluster.deployment(NAMESPACE, POOL).spec.replicas == 0
+            and not cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"deploymentName={POOL}").items)
+
+
+def _end(ti: dict) -> float | None:
+    return datetime.fromisoformat(ti["end_date"].replace("Z", "+00:00")).timestamp() if ti["end_date"] else None
+
+
+def _patches(session) -> float:
+    """Successful deletion-cost patches so far, from the Sentinel's /metrics."""
+    text = session.get(f"{SENTINEL}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("astro_sentinel_pod_deletion_cost_patches_total{") and 'outcome="ok"' in line)
+
+
+class _Burst:
+    """One run of the DAG with the pool recorded from its trigger to the end of the run."""
+
+    def __init__(self, cluster, airflow, session):
+        self.cluster, self.airflow = cluster, airflow
+        self.pods = PodRecorder(cluster, NAMESPACE, f"deploymentName={POOL}")
+        self.timeline = ReplicaTimeline(cluster, NAMESPACE, POOL, f"keda-hpa-{POOL}", self._backlog(session), self.pods)
+        self.events: list[tuple[float, str]] = []
+
+    @staticmethod
+    def _backlog(session):
+        def backlog() -> float | None:
+            response = session.get(f"{SENTINEL}/v1/workers/{POOL}", timeout=2)
+            return response.json()["backlog"] if response.status_code == 200 else None
+        return backlog
+
+    def mark(self, what: str, at: float | None = None) -> float:
+        at = at or time.time()
+        self.events.append((at - self.timeline.t0, what))
+        return at
+
+    def __enter__(self) -> _Burst:
+        self.pods.start()
+        self.timeline.start()
+        self.airflow.client.ensure_runnable(DAG)
+        self.run_id = self.airflow.client.trigger(DAG)
+        self.mark("burst triggered")
+        wait_for(self._busy, 240, "three workers running tasks")
+        self.mark("three workers busy")
+        return self
+
+    def _busy(self) -> bool:
+        running = [t for t in self.airflow.client.task_instances(DAG, self.run_id) if t["state"] == "running"]
+        return len(running) >= 4 and (self.cluster.deployment(NAMESPACE, POOL).status.ready_replicas or 0) == 3
+
+    def finish(self) -> list[dict]:
+        """Waits for the run and for the pool's deletions to complete; returns the task instances
+        after asserting that all of them succeeded (lost and failed: 0)."""
+        state = self.airflow.client.wait_run(DAG, self.run_id, timeout=600)
+        self.mark(f"run {state}")
+        self.pods.wait_for_deletions(GRACE_SECONDS + 30)
+        tis = self.airflow.client.task_instances(DAG, self.run_id)
+        succeeded = sum(t["state"] == "success" for t in tis)
+        failed = sum(t["state"] in ("failed", "upstream_failed") for t in tis)
+        print(f"tasks submitted {TASKS}, succeeded {succeeded}, failed {failed}, lost {TASKS - succeeded - failed}")
+        assert (len(tis), succeeded, failed) == (TASKS, TASKS, 0), [(t["task_id"], t["state"]) for t in tis]
+        return tis
+
+    def __exit__(self, *exc) -> None:
+        self.timeline.stop()
+        self.pods.stop()
+        print(f"\n{POOL} timeline:\n{self.timeline.table()}\nevents:\n"
+              + "\n".join(f"  {t:6.1f}s  {what}" for t, what in self.events))
+
+    def never_at_zero_while_working(self) -> None:
+        first_up = next(i for i, s in enumerate(self.timeline.samples) if s.replicas > 0)
+        run_end = next(t for t, what in self.events if what.startswith("run "))
+        assert all(s.replicas > 0 for s in self.timeline.samples[first_up:] if s.t <= run_end), \
+            "the pool went to 0 replicas while work waited"
+
+
+def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, keda, airflow):
+    session = pool
+    with _Burst(cluster, airflow, session) as burst:
+        patches_before = _patches(session)
+        down = outage.begin(control_plane, keda, "kube-apiserver", APISERVER_DOWN_SECONDS)
+        began = burst.mark("kube-apiserver stopping")
+        down.wait()
+        back = burst.mark("kube-apiserver ready again")
+        tis = burst.finish()
+        patches_after = _patches(session)
+        history = session.get(f"{SENTINEL}/v1/workers/{POOL}/history", params={"range": "15m"}, timeout=5).json()
+    burst.never_at_zero_while_working()
+
+    # The workers kept running tasks to the end while the API server was away.
+    ended_during = [t["task_id"] for t in tis if began < _end(t) < back]
+    print(f"tasks that ended while the API server was away: {ended_during}")
+    assert ended_during, "no task finished during the outage"
+
+    # No Pod was deleted while it was away; those deleted afterwards (the scale-in) drained.
+    stories = burst.pods.snapshot()
+    assert not [s.name for s in stories.values() if s.deletion_requested_at and began <= s.deletion_requested_at <= back], \
+        "a Pod was deleted during the outage"
+    deleted = [s for s in stories.values() if s.deletion_requested_at is not None]
+    print(f"drained after the outage: {assert_drained(deleted, tis, GRACE_SECONDS)}")
+
+    # The Sentinel said "unknown" while it could not see the cluster, and saw it again afterwards.
+    def moment(point: dict) -> float:
+        return datetime.fromisoformat(point["t"].replace("Z", "+00:00")).timestamp()
+
+    during = [p for p in history["series"] if began + 5 < moment(p) < back - 5]
+    after = [p for p in history["series"] if moment(p) > back + 10]
+    assert during and all(p["workers"] is None for p in during), \
+        f"the history shows Kubernetes lines it could not have seen: {during}"
+    assert after and any(p["workers"] for p in after), "the Sentinel's watches did not recover"
+    # Idle-first scale-in went on: the costs followed the tasks again after the outage.
+    assert patches_after > patches_before, (patches_before, patches_after)
+
+
+def test_keda_restarted_mid_burst(pool, cluster, control_plane, keda, airflow):
+    session = pool
+    with _Burst(cluster, airflow, session) as burst:
+        restart = outage.begin(control_plane, keda, "keda", 0)
+        burst.mark("KEDA's operator and metrics API server stopping")
+        restart.wait()
+        burst.mark("KEDA serving again")
+        burst.finish()
+        wait_for(lambda: _at_zero(cluster), 240, f"{POOL} back at 0 (KEDA drives it again)")
+        burst.mark("pool at 0")
+    burst.never_at_zero_while_working()
+    assert condition(cluster.scaled_object(NAMESPACE, POOL), "Ready") == "True"
