@@ -86,6 +86,24 @@ def pytest_xdist_make_scheduler(config, log):
     return unit_scheduler(config, log, file_of)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The stage-wide check, in the process that ran the stage on the shared infrastructure: KEDA
+    never read a backlog above 0 for a queue on which no task was ever queued (infra/idle_pools.py)."""
+    if not STATE or hasattr(session.config, "workerinput"):
+        return
+    from infra import idle_pools
+
+    false_non_zero, undetermined = idle_pools.violations(WORK, lambda queue: _attached().airflow.client.count(queue))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in undetermined:
+        reporter.write_line(f"idle-pool check, not decided: {line}")
+    if false_non_zero:
+        reporter.write_sep("=", "KEDA read a backlog above 0 for an idle queue", red=True)
+        for line in false_non_zero:
+            reporter.write_line(line, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @functools.cache
 def _attached() -> stage.Attached:
     return stage.attach(Path(STATE))
