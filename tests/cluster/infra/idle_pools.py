@@ -32,14 +32,15 @@ def metrics_url(keda: Any) -> str:
 
 def deployment_queues(cluster: Any) -> Callable[[str, str], list[str] | None]:
     """``(namespace, scaled_object) -> queues`` of the agent in the Deployment it scales, None
-    when either is gone."""
+    when either is gone (or the API server is away: a chaos scenario stops it)."""
+    import urllib3
     from kubernetes.client.rest import ApiException
 
     def queues(namespace: str, scaled_object: str) -> list[str] | None:
         try:
             so = cluster.scaled_object(namespace, scaled_object)
             deployment = cluster.deployment(namespace, so["spec"]["scaleTargetRef"]["name"])
-        except ApiException:
+        except (ApiException, urllib3.exceptions.HTTPError):
             return None
         for c in deployment.spec.template.spec.containers:
             for e in c.env or []:
