@@ -23,6 +23,10 @@ whoever started it:
   with this stage's DAGs;
 * ``release_factory``: ``release_factory(name, namespace) -> HelmRelease``; every release it
   made is uninstalled at the end.
+
+A run on the shared infrastructure ends with a stage-wide check (``pytest_sessionfinish``,
+``infra/idle_pools.py``): KEDA never read a backlog above 0 for a queue on which no task was
+ever queued.
 """
 
 from __future__ import annotations
