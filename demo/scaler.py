@@ -7,8 +7,9 @@ demo can start and stop ``astro-agent`` processes the way the cluster would star
 Rules, evaluated once per polling interval (KEDA's ``pollingInterval``) from the Sentinel's
 ``backlog`` (queued + running task instances on the worker's queues):
 
-1. **No answer** (Sentinel 503 or unreachable): keep the current count (KEDA's fallback with
-   ``currentReplicasIfHigher``; the Sentinel never answers a made-up 0).
+1. **No answer** (Sentinel 503 or unreachable): keep the current count, zero included (KEDA
+   without a fallback, which the chart renders for pools that scale to zero; the Sentinel never
+   answers a made-up 0).
 2. **Activation from zero** (KEDA): at 0 workers, a backlog above ``activation`` (0) starts
    one worker; from then on rule 3 applies.
 3. **Target** (HPA, ``AverageValue`` = ``syncSlots``): ``wanted = ceil(backlog / syncSlots)``

@@ -65,12 +65,16 @@ def test_scaledobject_reads_the_workers_backlog_from_the_sentinel(chart, name):
         assert len(pre_warm) == (1 if w["preWarm"]["enabled"] else 0)
         assert spec["triggers"][1 + len(pre_warm):] == w["keda"]["extraTriggers"]
 
-        # Fallback keeps the pool; at least one Pod, so a worker at zero is not left idle.
-        fb = spec["fallback"]
-        assert fb["behavior"] == w["keda"]["fallback"]["behavior"]
+        # The fallback keeps a running pool and never wakes one at zero: its replicas default to
+        # the minimum, and a fallback of 0 replicas is none (KEDA would take it for activity).
         explicit = w["keda"]["fallback"]["replicas"]
-        assert fb["replicas"] == (explicit if explicit is not None else max(w["keda"]["minReplicaCount"], 1))
-        assert fb["replicas"] >= 1
+        replicas = explicit if explicit is not None else w["keda"]["minReplicaCount"]
+        if w["keda"]["fallback"]["enabled"] and replicas > 0:
+            fb = spec["fallback"]
+            assert fb["behavior"] == w["keda"]["fallback"]["behavior"]
+            assert fb["replicas"] == replicas
+        else:
+            assert "fallback" not in spec
         if w["keda"]["behavior"]:
             assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == w["keda"]["behavior"]
 
@@ -122,11 +126,32 @@ def test_queued_age_target_must_be_positive(chart):
     assert "targetSeconds" in err
 
 
+@pytest.mark.parametrize("sets, fallback", [
+    # Scale to zero: no fallback, so a Sentinel that cannot answer leaves an idle pool at zero.
+    ([], None),
+    # Asked for: a pool at zero is woken to one worker when the Sentinel cannot answer.
+    (["workers[0].keda.fallback.replicas=1"], 1),
+    # A pool that never goes to zero keeps at least its minimum.
+    (["workers[0].keda.minReplicaCount=2"], 2),
+    # 0 replicas is no fallback, whatever the minimum: KEDA would take any for activity.
+    (["workers[0].keda.minReplicaCount=2", "workers[0].keda.fallback.replicas=0"], None),
+    (["workers[0].keda.fallback.replicas=1", "workers[0].keda.fallback.enabled=false"], None),
+])
+def test_fallback_never_wakes_a_pool_at_zero(chart, sets, fallback):
+    spec = chart.render(scenario("keda-static"), sets=sets).get("ScaledObject", "astro-worker-default-worker")["spec"]
+    if fallback is None:
+        assert "fallback" not in spec
+    else:
+        assert spec["fallback"] == {"failureThreshold": 3, "replicas": fallback, "behavior": "currentReplicasIfHigher"}
+
+
 def test_keda_defaults_from_the_seed(chart):
     so = chart.render(scenario("keda-static")).get("ScaledObject", "astro-worker-default-worker")
     spec = so["spec"]
     assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["cooldownPeriod"]) == (0, 10, 300)
-    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 1, "behavior": "currentReplicasIfHigher"}
+    # A pool that scales to zero gets no KEDA fallback: KEDA would wake it whenever the Sentinel
+    # cannot answer (its first start included); without one KEDA keeps the pool as it is.
+    assert "fallback" not in spec
     md = spec["triggers"][0]["metadata"]
     assert md["targetValue"] == "20" and md["activationTargetValue"] == "0"
     # Seeds 002/004: down at most 2 Pods per 60 s after the window; up left to Kubernetes (fast).

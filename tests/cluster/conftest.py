@@ -24,6 +24,10 @@ whoever started it:
   with this stage's DAGs;
 * ``release_factory``: ``release_factory(name, namespace) -> HelmRelease``; every release it
   made is uninstalled at the end.
+
+A run on the shared infrastructure ends with a stage-wide check (``pytest_sessionfinish``,
+``infra/idle_pools.py``): KEDA never read a backlog above 0 for a queue on which no task was
+ever queued.
 """
 
 from __future__ import annotations
@@ -92,6 +96,24 @@ def pytest_xdist_make_scheduler(config, log):
         return TOGETHER.get(path.rsplit("/", 1)[-1], path)
 
     return unit_scheduler(config, log, file_of)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The stage-wide check, in the process that ran the stage on the shared infrastructure: KEDA
+    never read a backlog above 0 for a queue on which no task was ever queued (infra/idle_pools.py)."""
+    if not STATE or hasattr(session.config, "workerinput"):
+        return
+    from infra import idle_pools
+
+    false_non_zero, undetermined = idle_pools.violations(WORK, lambda queue: _attached().airflow.client.count(queue))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in undetermined:
+        reporter.write_line(f"idle-pool check, not decided: {line}")
+    if false_non_zero:
+        reporter.write_sep("=", "KEDA read a backlog above 0 for an idle queue", red=True)
+        for line in false_non_zero:
+            reporter.write_line(line, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @functools.cache

@@ -198,7 +198,6 @@ func prepareScenario(dir, name, namespace string, files []string) error {
 		intent.MinReplicas, intent.MaxReplicas = int32(minR), int32(maxR)
 		intent.ActivationTargetValue = asString(get(w, "keda", "activationTargetValue"))
 		intent.Trigger = asString(get(w, "keda", "trigger"))
-		intent.FallbackEnabled = get(w, "keda", "fallback", "enabled") == true
 		if fb := get(w, "keda", "fallback", "replicas"); fb != nil {
 			n, err := asInt(fb, at+".keda.fallback.replicas")
 			if err != nil {
@@ -206,8 +205,10 @@ func prepareScenario(dir, name, namespace string, files []string) error {
 			}
 			intent.FallbackReplicas = int32(n)
 		} else {
-			intent.FallbackReplicas = max(intent.MinReplicas, 1)
+			intent.FallbackReplicas = intent.MinReplicas
 		}
+		// A fallback of 0 replicas is none: KEDA would take it for activity and wake a pool at zero.
+		intent.FallbackEnabled = get(w, "keda", "fallback", "enabled") == true && intent.FallbackReplicas > 0
 		info.Workers[prefix+"-worker-"+asString(get(w, "name"))] = intent
 	}
 	out, _ := json.MarshalIndent(info, "", "  ")

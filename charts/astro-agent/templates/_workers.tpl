@@ -27,7 +27,8 @@ would make `keda.enabled: false` or `minReplicaCount: 0` in a worker entry lose 
 The resolved worker list: each `workers` entry merged over `workerDefaults`, validated, and
 completed with derived fields. Returns JSON {"workers": [...]}; templates read it with fromJson.
 Derived fields: deploymentName, queueList, mode ("keda" | "hpa" | "fixed"), drainTimeoutSeconds,
-taskEnvAllowList (ASTRO_AGENT_TASK_ENV_ALLOW), hpaTarget (HPA averageValue), fallbackReplicas.
+taskEnvAllowList (ASTRO_AGENT_TASK_ENV_ALLOW), hpaTarget (HPA averageValue), fallbackReplicas and
+kedaFallback (whether the ScaledObject gets KEDA's fallback).
 Every refusal names the key and the fix.
 */}}
 {{- define "astro-agent.workers" -}}
@@ -156,9 +157,18 @@ Every refusal names the key and the fix.
 {{- fail (printf "workers[%d].keda.trigger is %q: use metrics-api or external-push" $i $trigger) -}}
 {{- end -}}
 {{- $_ := set $w.keda "trigger" $trigger -}}
+{{- /* The fallback holds a pool while the Sentinel cannot answer; it never raises one from zero.
+       KEDA (>= 2.19) takes an applied fallback for an active trigger whatever its replica count,
+       and wakes a Deployment at zero with it: with a fallback, every Sentinel outage longer than
+       failureThreshold polls (its first start after an install among them) would give each idle
+       pool a worker, then keep it for the cooldown. So the fallback's replicas default to
+       minReplicaCount and a fallback of 0 replicas is left out: without one, KEDA neither scales
+       on a failed read nor takes a pool to zero, and its HPA keeps its replicas while its metrics
+       fail, which holds a running pool and leaves an idle one at zero. */ -}}
 {{- $fb := $w.keda.fallback.replicas -}}
-{{- if kindIs "invalid" $fb -}}{{- $fb = max $min 1 -}}{{- end -}}
+{{- if kindIs "invalid" $fb -}}{{- $fb = $min -}}{{- end -}}
 {{- $_ := set $w "fallbackReplicas" (int $fb) -}}
+{{- $_ := set $w "kedaFallback" (and $w.keda.fallback.enabled (gt (int $fb) 0)) -}}
 {{- else if $hpa -}}
 {{- $_ := set $w "mode" "hpa" -}}
 {{- $min := int $w.hpa.minReplicaCount -}}

@@ -2,7 +2,7 @@
 //!
 //! A worker is served only when every one of its queues has a value younger than the
 //! staleness limit. Anything else is an explicit "unavailable" (HTTP 503), never a made-up 0:
-//! KEDA treats an error as "keep the pool" (its fallback), but a 0 as "scale it away".
+//! KEDA treats an error as "keep the pool as it is", but a 0 as "scale it away".
 
 use crate::backlog::cache::Snapshot;
 use crate::config::file::WorkerConfig;

@@ -3,7 +3,8 @@
     python -m infra.driver --state FILE
 
 run inside the stage's namespace with the stage's environment (``run.sh`` does). It starts the
-control plane, the Service resolver, the Nodes, KEDA and Airflow (Airflow alongside the rest),
+control plane, the Service resolver, the Nodes, KEDA (and the record of its backlog readings above
+0, ``infra/idle_pools.py``) and Airflow (Airflow alongside the rest),
 writes FILE (what ``stage.attach`` reads: addresses, token, ports), prints ``ready`` on stdout
 and closes it, then runs until SIGTERM or SIGINT, when it stops everything it started, newest
 first. If anything fails to start it stops what it had started and exits 1 without printing
@@ -24,7 +25,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from infra import outage, stage
+from infra import idle_pools, outage, stage
 from infra.kube import Cluster
 
 
@@ -67,6 +68,7 @@ def main(argv: list[str]) -> int:
         started.append(lambda: nodes.stop(timeout=60))
         keda = stage.start_keda(work, bin_dir, control_plane)
         started.append(keda.stop)
+        started.append(idle_pools.start_recording(work, keda, cluster).stop)
         airflow_thread.join()
         if "error" in airflow:
             raise RuntimeError(f"Airflow did not start: {airflow['error']}")
