@@ -36,7 +36,8 @@ def test_validator_catches_a_misspelt_scaledobject_field(chart, validate):
     with pytest.raises(pytest.fail.Exception):
         validate(broken)
     broken = yaml.safe_load(yaml.safe_dump(so))
-    broken["spec"]["fallback"]["behavior"] = "keepEverything"
+    # (a pool at zero renders no fallback: KEDA's would wake it; the CRD's enum still applies)
+    broken["spec"]["fallback"] = {"failureThreshold": 3, "replicas": 1, "behavior": "keepEverything"}
     with pytest.raises(pytest.fail.Exception):
         validate(broken)
 

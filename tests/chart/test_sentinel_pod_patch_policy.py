@@ -11,7 +11,7 @@ def _objects(r):
 
 
 def test_the_policy_binds_the_sentinel_to_one_annotation(chart, validate):
-    r = chart.render(scenario("defaults"))
+    r = chart.render(scenario("keda-static"))
     (policy,), (binding,) = _objects(r)
     validate(policy)
     validate(binding)
@@ -32,7 +32,8 @@ def test_the_policy_binds_the_sentinel_to_one_annotation(chart, validate):
 
 
 def test_no_policy_without_the_patching_or_when_turned_off(chart):
+    assert _objects(chart.render(scenario("defaults"))) == ([], [])  # no Sentinel
     for sets in (["sentinel.kubernetes.idleFirstScaleIn=false"], ["sentinel.kubernetes.podPatchPolicy.enabled=false"],
                  ["sentinel.kubernetes.enabled=false"]):
-        r = chart.render(scenario("defaults"), sets=sets)
+        r = chart.render(scenario("keda-static"), sets=sets)
         assert _objects(r) == ([], []), sets
