@@ -146,9 +146,15 @@ def test_the_pool_survives_the_sentinel_deleted_and_killed_mid_burst(chaos, clus
             return len(running) >= 4 and cluster.deployment(NAMESPACE, POOL).status.ready_replicas == 3
 
         wait_for(busy_pool, 240, "three workers running tasks")
-        before = reader.get(f"/v1/workers/{POOL}/history", range="15m")
-        assert before is not None and before["recordingSince"], before
-        assert any(p["runningTasks"] for p in before["series"]), "the history never saw the burst's tasks"
+
+        def with_finished_points() -> dict | None:
+            """The history once points with the burst's tasks are complete (not the last two,
+            which may still be filling)."""
+            history = reader.get(f"/v1/workers/{POOL}/history", range="15m")
+            return history if history and any(p["runningTasks"] for p in history["series"][:-2]) else None
+
+        before = wait_for(with_finished_points, 90, "history points with the burst's tasks")
+        assert before["recordingSince"], before
 
         # 1. The Pod deleted (its grace period: the Sentinel saves its history and stops).
         old = _sentinel_pod(cluster)
@@ -202,8 +208,6 @@ def test_the_pool_survives_the_sentinel_deleted_and_killed_mid_burst(chaos, clus
     after = reader.get(f"/v1/workers/{POOL}/history", range="15m")
     assert after is not None and after["recordingSince"] == before["recordingSince"], (before, after)
     kept = {p["t"]: p for p in after["series"]}
-    # (the last points of `before` were still filling)
     earlier = [p for p in before["series"][:-2] if p["runningTasks"]]
-    assert earlier, "no finished point with running tasks before the deletion"
     assert all(p["t"] in kept and kept[p["t"]]["runningTasks"] == p["runningTasks"] for p in earlier), \
         "points recorded before the deletion are gone or changed"
