@@ -78,6 +78,14 @@ def _patches(session) -> float:
                if line.startswith("astro_sentinel_pod_deletion_cost_patches_total{") and 'outcome="ok"' in line)
 
 
+def _answers(cluster) -> bool:
+    try:
+        cluster.core.get_api_resources(_request_timeout=1)
+        return True
+    except Exception:  # noqa: BLE001 - refused, reset or timed out: not answering
+        return False
+
+
 def _moment(point: dict) -> float:
     return datetime.fromisoformat(point["t"].replace("Z", "+00:00")).timestamp()
 
@@ -158,6 +166,9 @@ def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, ked
         patches_before = _patches(session)
         down = outage.begin(control_plane, keda, "kube-apiserver", APISERVER_DOWN_SECONDS)
         began = burst.mark("kube-apiserver stopping")
+        # It finishes what it serves before it goes (graceful termination, up to 15 s here).
+        gone = wait_for(lambda: None if _answers(cluster) else time.time(), 60, "the API server gone", interval=0.2)
+        burst.mark("kube-apiserver gone", gone)
         down.wait()
         back = burst.mark("kube-apiserver ready again")
         # The watches retry with client-go's back-off (up to 30 s between tries), then list again.
@@ -181,7 +192,8 @@ def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, ked
     print(f"drained after the outage: {assert_drained(deleted, tis, GRACE_SECONDS)}")
 
     # The Sentinel said "unknown" while it could not see the cluster (and saw it again, above).
-    during = [p for p in history["series"] if began + 5 < _moment(p) < back - 5]
+    step = history["stepSeconds"]
+    during = [p for p in history["series"] if gone + 5 < _moment(p) and _moment(p) + step <= back]
     assert during and all(p["workers"] is None for p in during), \
         f"the history shows Kubernetes lines it could not have seen: {during}"
     # Idle-first scale-in went on: the costs followed the tasks again after the outage.
