@@ -91,19 +91,10 @@
     return `${min} to ${plural(max, "worker", "workers")}`;
   }
 
-  // Durations as the seed's findings write them: "40 s", "2 min", "2 h 5 min", "3 d 4 h"; a
-  // tile with no time at all reads "Never".
+  // A tile's time, by the findings' rule (duration.js); a tile with no time at all reads "Never".
   function duration(seconds) {
     if (seconds === null || seconds === undefined) return "not available";
-    const s = Math.round(seconds);
-    if (s <= 0) return "Never";
-    if (s < 60) return `${s} s`;
-    const m = Math.round(s / 60);
-    if (m < 60) return `${m} min`;
-    const h = Math.floor(m / 60);
-    if (h < 24) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
-    const d = Math.floor(h / 24);
-    return h % 24 ? `${d} d ${h % 24} h` : `${d} d`;
+    return Math.round(seconds) <= 0 ? "Never" : humanDuration(seconds);
   }
 
   function timeOfDay(ms) {
