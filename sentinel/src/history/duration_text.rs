@@ -69,8 +69,16 @@ mod tests {
     fn rounds_the_second_unit_and_carries() {
         assert_eq!(human_duration(3600 + 29), "1 h", "29 s rounds down");
         assert_eq!(human_duration(3600 + 30), "1 h 1 min", "30 s rounds up");
-        assert_eq!(human_duration(2 * 3600 - 30), "2 h", "carried into the hour");
-        assert_eq!(human_duration(86_400 - 30), "1 d", "carried into a larger unit");
+        assert_eq!(
+            human_duration(2 * 3600 - 30),
+            "2 h",
+            "carried into the hour"
+        );
+        assert_eq!(
+            human_duration(86_400 - 30),
+            "1 d",
+            "carried into a larger unit"
+        );
         assert_eq!(human_duration(u64::MAX / 2).split(' ').count(), 4);
     }
 }
