@@ -1,6 +1,12 @@
 //! Runs one job from start to report: start the task process, report `running`, ship its log
 //! while it runs, give its slots back when the process ends, then ship the last log lines and
 //! report `success` or `failed`.
+//!
+//! An executor callback (`ExecuteCallback`) runs the same way, through the same
+//! `execute_workload`, in either launch mode. Its log is the exception: edge3 5.1.0 stores no
+//! log for a callback (its log push answers 500: there is no task instance to file it under),
+//! so the log is offered once, when the callback has ended, and otherwise stays in the worker's
+//! log folder, which the agent says in its own log; the callback's state is reported either way.
 
 use crate::config::LaunchMode;
 use crate::context::Context;
@@ -74,7 +80,8 @@ async fn follow(
     if log_path.is_none() {
         tracing::warn!(task = %key, log_path = ?job.command.get("log_path"), "no usable log_path in the job: its log is not shipped");
     }
-    let mut shipper = LogShipper::new(log_path);
+    let mut shipper = LogShipper::new(log_path.clone());
+    let callback = workload::is_callback(&job.command);
 
     let result = match started {
         Err(e) => {
@@ -86,26 +93,32 @@ async fn follow(
             ));
             TaskResult::StartFailed
         }
-        Ok(task) => supervise(&ctx, task, &key, &slots, &mut shipper).await,
+        Ok(task) => supervise(&ctx, task, &key, &slots, &mut shipper, !callback).await,
     };
 
     drop(slots);
 
-    push_last_logs(&ctx, &mut shipper, &key).await;
+    if callback {
+        offer_callback_log(&ctx, &mut shipper, &key, log_path.as_deref()).await;
+    } else {
+        push_last_logs(&ctx, &mut shipper, &key).await;
+    }
     report_final_state(&ctx, &key, result).await;
     ctx.metrics.task_finished(result, begun.elapsed());
     ctx.heartbeat_now.notify_one();
 }
 
 /// Watches a started task process until it ends: reports `running` once, pushes its new log
-/// lines every [`LOG_PUSH_INTERVAL`], and on anything but success adds the supervisor's last
-/// output to the log, where the task's own lines may not say why it ended.
+/// lines every [`LOG_PUSH_INTERVAL`] (when `push_while_running`), and on anything but success
+/// adds the supervisor's last output to the log, where the task's own lines may not say why it
+/// ended.
 async fn supervise(
     ctx: &Context,
     mut process: RemoteTask,
     key: &TaskKey,
     slots: &Lease,
     shipper: &mut LogShipper,
+    push_while_running: bool,
 ) -> TaskResult {
     let mode = match process.launched_by() {
         LaunchMode::Prefork => "prefork",
@@ -132,7 +145,7 @@ async fn supervise(
             tokio::select! {
                 exit = &mut wait => break exit,
                 _ = &mut report_running, if !running_reported => running_reported = true,
-                _ = tick.tick() => {
+                _ = tick.tick(), if push_while_running => {
                     if let Err(e) = shipper.ship(&ctx.edge, key).await {
                         tracing::warn!(task = %key, error = %e, "log push failed; will retry");
                     }
@@ -182,6 +195,26 @@ async fn report_final_state(ctx: &Context, key: &TaskKey, result: TaskResult) {
     ctx.metrics.task_reports_pending.dec();
     if delivery == Delivery::Delivered {
         tracing::info!(task = %key, state = final_state.as_str(), "job state reported");
+    }
+}
+
+/// Offers a callback's log to Airflow once. A provider that keeps no log for callbacks refuses
+/// it (edge3 5.1.0 answers 500); retrying would only repeat that, and the callback's outcome
+/// does not depend on its log, so the log stays where the callback wrote it.
+async fn offer_callback_log(
+    ctx: &Context,
+    shipper: &mut LogShipper,
+    key: &TaskKey,
+    log_path: Option<&std::path::Path>,
+) {
+    if let Err(e) = shipper.ship(&ctx.edge, key).await {
+        tracing::info!(
+            task = %key,
+            log = ?log_path,
+            error = %e,
+            "the Edge provider keeps no log for executor callbacks: the callback's log stays on \
+             this worker, not retried"
+        );
     }
 }
 

@@ -13,6 +13,12 @@ use serde_json::Value;
 /// not a job's state.
 const RUNNABLE: [&str; 2] = ["ExecuteTask", "ExecuteCallback"];
 
+/// Whether `command` is an executor callback (Airflow 3.3's `ExecuteCallback`, e.g. a
+/// deadline alert's `SyncCallback`) rather than a task.
+pub fn is_callback(command: &Value) -> bool {
+    command.get("type").and_then(Value::as_str) == Some("ExecuteCallback")
+}
+
 /// Why this worker does not run the workload `command`; `None` when it does.
 pub fn unsupported(command: &Value) -> Option<String> {
     match command.get("type").and_then(Value::as_str) {
@@ -45,5 +51,12 @@ mod tests {
         let airflow_2 = json!(["airflow", "tasks", "run", "dag", "task", "run"]);
         assert!(unsupported(&airflow_2).unwrap().contains("no \"type\""));
         assert!(unsupported(&json!({"type": 3})).is_some());
+    }
+
+    #[test]
+    fn only_an_execute_callback_workload_is_a_callback() {
+        assert!(is_callback(&json!({"type": "ExecuteCallback"})));
+        assert!(!is_callback(&json!({"type": "ExecuteTask"})));
+        assert!(!is_callback(&json!(["airflow", "tasks", "run"])));
     }
 }

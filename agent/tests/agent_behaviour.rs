@@ -294,6 +294,40 @@ async fn a_job_of_a_workload_type_the_agent_does_not_run_is_failed_and_the_next_
 }
 
 #[tokio::test]
+async fn a_callback_runs_and_its_refused_log_is_kept_without_retries_or_failing_it() {
+    let fake = FakeAirflow::start().await;
+    fake.with(|s| s.refuse_log_pushes = true);
+    // Longer than the running log push interval (5 s): a task's log would be pushed meanwhile.
+    fake.add_job_with_command(
+        "callback",
+        serde_json::json!({"type": "ExecuteCallback", "token": "tok",
+                           "log_path": "executor_callbacks/dag/run/callback",
+                           "fake": {"sleep": 5.5, "exit": 0}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = start_agent(&fake, dir.path(), &[]).await;
+    agent
+        .until(&fake, "the callback reported", T, |s| s.finished.len() == 1)
+        .await;
+    fake.with(|s| {
+        assert_eq!(
+            s.states["callback"],
+            vec!["running".to_string(), "success".to_string()]
+        );
+        assert_eq!(s.log_pushes, 1, "offered once, at its end");
+    });
+    assert!(
+        agent.log().contains(
+            "keeps no log for executor callbacks: the callback's log stays on this worker"
+        ),
+        "{}",
+        agent.log()
+    );
+    agent.signal(Signal::SIGTERM);
+    assert_eq!(agent.exit_code(T).await, 0);
+}
+
+#[tokio::test]
 async fn a_shutdown_request_from_airflow_drains() {
     let fake = FakeAirflow::start().await;
     fake.add_job("s1", 1.0, 0);

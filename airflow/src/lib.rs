@@ -3,7 +3,8 @@
 //! * [`edge_client`] speaks the Edge Worker API (`/edge_worker/v1/…`) that the edge3
 //!   provider serves: register, heartbeat, fetch jobs, report job states, push logs.
 //! * [`rest_api`] counts task instances per queue and state through the public REST API v2,
-//!   and lists the Edge workers ([`edge_worker_list`]); [`dag_schedule`] reads, through the
+//!   and lists the Edge workers ([`edge_worker_list`]) and the executor callbacks they run
+//!   ([`edge_callback_jobs`]); [`dag_schedule`] reads, through the
 //!   same client, when each DAG runs next and what its earlier runs took.
 //! * [`backoff`] is the one retry policy both use.
 //! * [`secret_file`] takes credentials from files (or values), the same way in both binaries.
@@ -11,6 +12,7 @@
 
 pub mod backoff;
 pub mod dag_schedule;
+pub mod edge_callback_jobs;
 pub mod edge_client;
 pub mod edge_token;
 pub mod edge_types;

@@ -64,6 +64,8 @@ fn sample(i: u64, w: usize) -> Sample {
         backlog,
         queued: backlog / 2,
         running_tasks: backlog - backlog / 2,
+        running_slots: backlog - backlog / 2,
+        drained: Some((i % 4) as u32),
         held_tasks: (i % 3) as u32,
         min_replicas: 1,
         max_replicas: 20,

@@ -1,6 +1,7 @@
 //! The airflow-api source on its own: every queue answered, failures per queue, and a refresh
 //! time budget so that one api-server call that never returns does not hold the rest, while a
-//! large backlog whose pages keep coming is read to the end.
+//! large backlog whose pages keep coming is read to the end. Executor callbacks are added to
+//! their queue as the Edge executor counts them.
 
 use airflow::rest_api::RestCredentials;
 use astro_sentinel::sources::airflow_api::AirflowApiSource;
@@ -55,8 +56,9 @@ async fn each_queue_gets_its_own_outcome() {
         Ok(QueueBacklog::default()),
         "no task instance is a true 0"
     );
-    // One page for each of the three queues.
-    assert_eq!(requests.get(), 3);
+    // One page for each of the three queues, and the list of executor callbacks (none: this
+    // provider has no such list).
+    assert_eq!(requests.get(), 4);
     let user_agent = fake.user_agent.lock().unwrap().clone();
     assert!(user_agent.starts_with("astro-sentinel/"), "{user_agent}");
 }
@@ -142,7 +144,11 @@ async fn slots_tasks_and_the_oldest_wait_come_from_every_page() {
         (Duration::from_secs(600)..Duration::from_secs(610)).contains(&waited),
         "{waited:?}"
     );
-    assert_eq!(requests.get(), 3, "ceil(250 / 100) pages");
+    assert_eq!(
+        requests.get(),
+        4,
+        "ceil(250 / 100) pages, and the callbacks"
+    );
     assert_eq!(fake.requests(), 3);
 }
 
@@ -179,7 +185,7 @@ async fn a_long_listing_that_keeps_answering_outlasts_the_budget() {
     );
     let b = out[0].1.as_ref().expect("read to the end");
     assert_eq!((b.queued_tasks, b.queued_slots), (1000, 1000));
-    assert_eq!(requests.get(), 10);
+    assert_eq!(requests.get(), 11, "10 pages, and the callbacks");
 }
 
 #[tokio::test]
@@ -194,4 +200,96 @@ async fn a_count_without_a_listing_is_a_failure_not_a_zero() {
         error.contains("counts 5") && error.contains("lists none"),
         "{error}"
     );
+}
+
+/// One row of the provider's job list: a callback (`ExecuteCallback-<id>` run), or a task.
+fn edge_job(dag_id: &str, id: &str, run_id: &str, state: &str, queue: &str) -> serde_json::Value {
+    serde_json::json!({
+        "dag_id": dag_id, "task_id": id, "run_id": run_id, "map_index": -1, "try_number": 0,
+        "task_instance_id": "", "state": state, "queue": queue,
+        "queued_dttm": rfc3339_ago(Duration::from_secs(if state == "queued" { 900 } else { 1 })),
+        "edge_worker": null, "last_update": null,
+    })
+}
+
+#[tokio::test]
+async fn callbacks_count_as_one_slot_jobs_on_their_queue() {
+    let (fake, server) = fake_airflow().await;
+    fake.set_instances(
+        "default",
+        vec![
+            FakeInstance::queued(2, &rfc3339_ago(Duration::from_secs(5))),
+            FakeInstance::running(3),
+        ],
+    );
+    fake.set_edge_jobs(vec![
+        edge_job(
+            "ExecuteCallback",
+            "c1",
+            "ExecuteCallback-c1",
+            "queued",
+            "default",
+        ),
+        edge_job(
+            "ExecuteCallback",
+            "c2",
+            "ExecuteCallback-c2",
+            "running",
+            "default",
+        ),
+        edge_job(
+            "ExecuteCallback",
+            "c3",
+            "ExecuteCallback-c3",
+            "queued",
+            "other",
+        ),
+        // A DAG that happens to be called ExecuteCallback: its task is counted as a task
+        // instance, not again as a callback.
+        edge_job("ExecuteCallback", "t", "manual__1", "queued", "default"),
+    ]);
+    let (s, requests) = source(server.addr, Duration::from_secs(10));
+    let out: HashMap<String, _> = s
+        .fetch(&["default".to_string()])
+        .await
+        .into_iter()
+        .collect();
+    let b = out["default"].clone().unwrap();
+    assert_eq!((b.queued_tasks, b.running_tasks), (2, 2));
+    assert_eq!((b.queued_slots, b.running_slots), (3, 4));
+    let waited = b.oldest_queued_age.unwrap();
+    assert!(
+        (Duration::from_secs(900)..Duration::from_secs(910)).contains(&waited),
+        "the queued callback waited longest: {waited:?}"
+    );
+    assert_eq!(
+        requests.get(),
+        2,
+        "one page, and the callbacks of every queue"
+    );
+}
+
+#[tokio::test]
+async fn an_unanswered_callback_list_fails_every_queue_rather_than_leave_them_out() {
+    let (fake, server) = fake_airflow().await;
+    fake.set("a", 1, 0);
+    fake.edge_jobs_answer(Some(500));
+    let (s, _) = source(server.addr, Duration::from_secs(10));
+    let out = s.fetch(&["a".to_string()]).await;
+    let error = out[0].1.as_ref().unwrap_err();
+    assert!(
+        error.contains("executor callbacks") && error.contains("500"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_callback_list_closed_to_the_sentinel_leaves_the_task_instances() {
+    let (fake, server) = fake_airflow().await;
+    fake.set("a", 1, 2);
+    fake.edge_jobs_answer(Some(403));
+    let (s, _) = source(server.addr, Duration::from_secs(10));
+    let out = s.fetch(&["a".to_string()]).await;
+    let b = out[0].1.clone().unwrap();
+    assert_eq!((b.queued_tasks, b.running_tasks), (1, 2));
 }

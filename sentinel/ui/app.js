@@ -13,6 +13,9 @@
   const REFRESH_MS = 30000;
   // The range the worker cards read their "now" from: the shortest, so the cheapest.
   const CARD_RANGE = "15m";
+  // The dialog opens on the default range, or a shorter one that holds a young recording.
+  const DEFAULT_RANGE = "1d";
+  const OPENING_RANGES = [["15m", 15 * 60000], ["1h", 3600000], ["6h", 6 * 3600000]];
   const MAX_DECISION_ROWS = 500;
   const SVG_NS = "http://www.w3.org/2000/svg";
   const RANGE_LABELS = {
@@ -91,19 +94,10 @@
     return `${min} to ${plural(max, "worker", "workers")}`;
   }
 
-  // Durations as the seed's findings write them: "40 s", "2 min", "2 h 5 min", "3 d 4 h"; a
-  // tile with no time at all reads "Never".
+  // A tile's time, by the findings' rule (duration.js); a tile with no time at all reads "Never".
   function duration(seconds) {
     if (seconds === null || seconds === undefined) return "not available";
-    const s = Math.round(seconds);
-    if (s <= 0) return "Never";
-    if (s < 60) return `${s} s`;
-    const m = Math.round(s / 60);
-    if (m < 60) return `${m} min`;
-    const h = Math.floor(m / 60);
-    if (h < 24) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
-    const d = Math.floor(h / 24);
-    return h % 24 ? `${d} d ${h % 24} h` : `${d} d`;
+    return Math.round(seconds) <= 0 ? "Never" : humanDuration(seconds);
   }
 
   function timeOfDay(ms) {
@@ -389,7 +383,7 @@
     $("history-subtitle").textContent = w
       ? `${w.queues.length === 1 ? "Queue" : "Queues"} ${w.queues.join(", ")} · ${rangeText(w.minReplicas, w.maxReplicas)}`
       : "";
-    $("history-range").value = "1d";
+    $("history-range").value = openingRange(state.cards.get(name));
     $("history-body").hidden = true;
     const dialog = $("history");
     dialog.removeAttribute("data-loaded-range");
@@ -397,6 +391,18 @@
     dialog.showModal();
     $("history-range").focus();
     loadHistory(true);
+  }
+
+  // The shortest range that holds the whole recording, from the card's newest answer, so that
+  // minutes after an install the chart is not squeezed into the last pixels of a day; a
+  // recording older than that, or none known, opens on the default day.
+  function openingRange(card) {
+    const body = card && card.history && card.history.status === 200 ? card.history.body : null;
+    const since = body && body.recordingSince ? Date.parse(body.recordingSince) : NaN;
+    const now = body ? Date.parse(body.to) : NaN;
+    if (!Number.isFinite(since) || !Number.isFinite(now)) return DEFAULT_RANGE;
+    const opening = OPENING_RANGES.find(([, ms]) => now - since <= ms);
+    return opening ? opening[0] : DEFAULT_RANGE;
   }
 
   function closeHistory() {
@@ -452,13 +458,19 @@
     const tiles = h.tiles || {};
     setTile("tile-peak", "Peak wanted",
       typeof tiles.peakWanted === "number" ? plural(tiles.peakWanted, "worker", "workers") : "not available");
-    setTile("tile-maximum", "At maximum", duration(tiles.atMaximumSeconds));
+    // A fixed-size pool is always at its count: its tile is the time the backlog wanted more.
+    const fixedSize = h.minReplicas === h.maxReplicas && h.maxReplicas > 0;
+    const maximumLabel = fixedSize ? "Backlog beyond its size" : "At maximum";
+    $("tile-maximum").querySelector(".tile-label").textContent = maximumLabel;
+    setTile("tile-maximum", maximumLabel, duration(tiles.atMaximumSeconds));
     setTile("tile-waiting", "Waiting for capacity",
       missing.has("waiting") ? "not available" : duration(tiles.waitingForCapacitySeconds));
     setTile("tile-paused", "Paused", duration(tiles.pausedSeconds));
     setTile("tile-held", "Held back by Airflow", duration(tiles.heldBackSeconds));
 
-    renderChart(h, range, missing);
+    const frame = chartFrame(h);
+    renderChart(h, range, missing, frame);
+    renderDrainChart(h, range, frame);
 
     const note = $("missing-note");
     note.hidden = missing.size === 0;
@@ -598,15 +610,41 @@
 
   const CHART = { width: 800, height: 300, left: 44, right: 16, top: 14, bottom: 30 };
 
-  function renderChart(h, range, missing) {
-    const from = Date.parse(h.from);
+  // The time axis of both charts. A recording younger than the range starts the axis where it
+  // starts (at its first bucket, and at least two buckets back from now), so that minutes of
+  // data fill the chart instead of its last pixels.
+  function chartFrame(h) {
+    const rangeFrom = Date.parse(h.from);
     const to = Date.parse(h.to);
-    const span = Math.max(to - from, 1);
     const step = Math.max(h.stepSeconds || 60, 1) * 1000;
     const points = (h.series || [])
       .map((p) => ({ ...p, ms: Date.parse(p.t) }))
       .filter((p) => Number.isFinite(p.ms))
       .sort((a, b) => a.ms - b.ms);
+    const since = h.recordingSince ? Date.parse(h.recordingSince) : NaN;
+    let from = rangeFrom;
+    if (since > rangeFrom && since < to) {
+      const first = points.length ? Math.min(points[0].ms, since) : since;
+      from = Math.max(rangeFrom, Math.min(first, to - 2 * step));
+    }
+    return { from, to, span: Math.max(to - from, 1), step, points, since, young: from > rangeFrom };
+  }
+
+  // Time labels under a chart: five, or dates on ranges longer than a day and a half.
+  function timeAxis(axes, frame, c, x, fmt) {
+    const long = frame.span > 36 * 3600 * 1000;
+    for (let i = 0; i <= 4; i += 1) {
+      const ms = frame.from + (frame.span * i) / 4;
+      const label = long
+        ? new Date(ms).toLocaleDateString([], { month: "short", day: "numeric" })
+        : timeOfDay(ms);
+      const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
+      axes.append(svgEl("text", { class: "x-label", x: fmt(x(ms)), y: c.height - 8, "text-anchor": anchor }, label));
+    }
+  }
+
+  function renderChart(h, range, missing, frame) {
+    const { from, to, span, step, points } = frame;
     const drawn = LINES.filter((l) => !missing.has(l.key));
 
     let top = Math.max(1, h.maxReplicas || 0);
@@ -634,26 +672,19 @@
       "data-range": range,
     });
     svg.append(svgEl("title", { id: titleId }, `Workers of ${h.worker} over ${RANGE_LABELS[range]}`));
-    svg.append(svgEl("desc", { id: descId }, chartSummary(points, missing)));
+    svg.append(svgEl("desc", { id: descId }, chartSummary(points, missing)
+      + (frame.young ? ` The recording started at ${timeOfDay(frame.since)}; the time axis starts there.` : "")));
 
     const axes = svgEl("g", { class: "axes", "aria-hidden": "true" });
     for (let v = 0; v <= top; v += tick) {
       axes.append(svgEl("line", { class: "grid", x1: c.left, x2: c.width - c.right, y1: fmt(y(v)), y2: fmt(y(v)) }));
       axes.append(svgEl("text", { class: "y-label", x: c.left - 8, y: fmt(y(v) + 4) }, String(v)));
     }
-    const long = span > 36 * 3600 * 1000;
-    for (let i = 0; i <= 4; i += 1) {
-      const ms = from + (span * i) / 4;
-      const label = long
-        ? new Date(ms).toLocaleDateString([], { month: "short", day: "numeric" })
-        : timeOfDay(ms);
-      const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
-      axes.append(svgEl("text", { class: "x-label", x: fmt(x(ms)), y: c.height - 8, "text-anchor": anchor }, label));
-    }
+    timeAxis(axes, frame, c, x, fmt);
     svg.append(axes);
 
-    const since = h.recordingSince ? Date.parse(h.recordingSince) : NaN;
-    if (since > from && since < to) {
+    const since = frame.since;
+    if (since >= from && since < to) {
       const sx = fmt(x(since));
       svg.append(svgEl("line", { class: "since", x1: sx, x2: sx, y1: c.top, y2: c.top + plotH }));
       // Written on the side with room, so that a recent start is not cut off at the edge.
@@ -695,6 +726,55 @@
         el("span", { class: "swatch paused-band", "aria-hidden": "true" }), "Paused"));
     }
     $("chart-legend").replaceChildren(...legend);
+  }
+
+  const DRAIN_CHART = { width: 800, height: 130, left: 44, right: 16, top: 12, bottom: 26 };
+
+  // Drained per minute, on the time axis of the workers chart: the task slots the backlog
+  // fell by per minute the pool ran. A lower bound while work keeps arriving (what arrives
+  // hides as much of the drain), and no point where nothing ran.
+  function renderDrainChart(h, range, frame) {
+    const { from, to, span, step, points } = frame;
+    const c = DRAIN_CHART;
+    const plotW = c.width - c.left - c.right;
+    const plotH = c.height - c.top - c.bottom;
+    const values = points.map((p) => p.drainedPerMinute).filter((v) => typeof v === "number");
+    let top = Math.max(1, ...values);
+    const tick = niceTick(top / 2);
+    top = Math.ceil(top / tick) * tick;
+    const x = (ms) => c.left + ((ms - from) / span) * plotW;
+    const y = (v) => c.top + plotH - (v / top) * plotH;
+    const fmt = (n) => Math.round(n * 10) / 10;
+    const svg = svgEl("svg", {
+      id: "drain-chart", viewBox: `0 0 ${c.width} ${c.height}`, role: "img",
+      "aria-labelledby": "drain-title drain-desc", "data-range": range,
+    });
+    svg.append(svgEl("title", { id: "drain-title" }, `Backlog drained per minute by ${h.worker} over ${RANGE_LABELS[range]}`));
+    const lo = values.length ? Math.min(...values) : 0;
+    const hi = values.length ? Math.max(...values) : 0;
+    svg.append(svgEl("desc", { id: "drain-desc" }, !values.length
+      ? "No drain measured in this period: nothing ran, or no two samples followed each other."
+      : `Task slots drained per minute while running: ${lo === hi ? lo : `from ${lo} to ${hi}`}.`));
+    const axes = svgEl("g", { class: "axes", "aria-hidden": "true" });
+    for (let v = 0; v <= top; v += tick) {
+      axes.append(svgEl("line", { class: "grid", x1: c.left, x2: c.width - c.right, y1: fmt(y(v)), y2: fmt(y(v)) }));
+      axes.append(svgEl("text", { class: "y-label", x: c.left - 8, y: fmt(y(v) + 4) }, String(v)));
+    }
+    timeAxis(axes, frame, c, x, fmt);
+    svg.append(axes);
+    const d = linePath(points, "drainedPerMinute", step, to, x, y, fmt);
+    if (d) svg.append(svgEl("path", { class: "line line-drained", "data-series": "drainedPerMinute", d }));
+    if (!values.length) {
+      svg.append(svgEl("text", { class: "empty", x: c.left + plotW / 2, y: c.top + plotH / 2, "text-anchor": "middle" },
+        "No drain measured in this period"));
+    }
+    $("drain-box").replaceChildren(svg);
+  }
+
+  // 1, 2 or 5 times a power of ten, at least `rough`: grid steps people read at a glance.
+  function niceTick(rough) {
+    const power = 10 ** Math.floor(Math.log10(Math.max(rough, 1e-9)));
+    return [1, 2, 5, 10].map((m) => m * power).find((t) => t >= rough);
   }
 
   // The current min and max written at the right end of their lines: where recording began

@@ -46,6 +46,10 @@ pub struct State {
     pub heartbeat_answer_state: Option<String>,
     /// The queues heartbeats answer with, as when an admin changes a worker's queues.
     pub heartbeat_answer_queues: Option<Vec<String>>,
+    /// Answer every log push 500, as edge3 5.1.0 does for an executor callback's log.
+    pub refuse_log_pushes: bool,
+    /// Log pushes received, accepted or not.
+    pub log_pushes: u32,
     /// Answer the next heartbeats 404, as for a worker an admin deleted.
     pub forget_worker: u32,
     /// The api-server is down: every request gets 503 (what a load balancer in front of it
@@ -292,7 +296,15 @@ impl Shared {
                         reply(StatusCode::OK, Value::Null)
                     }
                 }
+                ("POST", ["logs", "push", "dag", _, _, "1", "-1"]) if s.refuse_log_pushes => {
+                    s.log_pushes += 1;
+                    reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({"detail": "Internal Server Error"}),
+                    )
+                }
                 ("POST", ["logs", "push", "dag", task, _, "1", "-1"]) => {
+                    s.log_pushes += 1;
                     let chunk = body["log_chunk_data"].as_str().unwrap_or("").to_string();
                     assert!(chunk.len() <= 512 * 1024);
                     s.logs.entry(task.to_string()).or_default().push_str(&chunk);

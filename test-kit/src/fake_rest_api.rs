@@ -18,7 +18,8 @@ fn query_params(req: &Request<Incoming>) -> HashMap<String, String> {
 
 /// A fake Airflow REST API v2: lists the task instances of one queue in some states,
 /// `GET /api/v2/dags/~/dagRuns/~/taskInstances?queue=Q&state=S&order_by=id&limit=N&offset=M`,
-/// at most [`FAKE_PAGE_LIMIT`] a page as Airflow's default `maximum_page_limit` does.
+/// at most [`FAKE_PAGE_LIMIT`] a page as Airflow's default `maximum_page_limit` does; and,
+/// once given some, the edge3 provider's job list `GET /edge_worker/ui/jobs` (404 before).
 #[derive(Default)]
 pub struct FakeAirflow {
     instances: Mutex<HashMap<String, Vec<FakeInstance>>>,
@@ -27,6 +28,12 @@ pub struct FakeAirflow {
     slow: Mutex<HashMap<String, Duration>>,
     /// Queues whose pages come back empty while `total_entries` still counts them.
     unlisted: Mutex<HashSet<String>>,
+    /// The Edge jobs `GET /edge_worker/ui/jobs` lists (whatever its filters); `None`: a
+    /// provider without that list (404).
+    edge_jobs: Mutex<Option<Vec<serde_json::Value>>>,
+    /// A status the job list answers with instead (403, 500...).
+    edge_jobs_status: Mutex<Option<u16>>,
+    /// Task-instance requests answered (not the job list's).
     pub requests: AtomicUsize,
     pub token: Mutex<String>,
     /// The User-Agent of the last request.
@@ -74,6 +81,16 @@ impl FakeAirflow {
         self.unlisted.lock().unwrap().insert(queue.into());
     }
 
+    /// Serves the job list with these rows (the provider's `Job` fields).
+    pub fn set_edge_jobs(&self, jobs: Vec<serde_json::Value>) {
+        *self.edge_jobs.lock().unwrap() = Some(jobs);
+    }
+
+    /// Makes the job list answer `status` (`None`: normally again).
+    pub fn edge_jobs_answer(&self, status: Option<u16>) {
+        *self.edge_jobs_status.lock().unwrap() = status;
+    }
+
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
@@ -97,7 +114,23 @@ impl FakeAirflow {
         .await
     }
 
+    fn edge_jobs_answer_to(&self) -> Response<Full<Bytes>> {
+        if let Some(status) = *self.edge_jobs_status.lock().unwrap() {
+            return json_response(status, serde_json::json!({"detail": "as the test asked"}));
+        }
+        match self.edge_jobs.lock().unwrap().clone() {
+            Some(jobs) => json_response(
+                200,
+                serde_json::json!({"total_entries": jobs.len(), "jobs": jobs}),
+            ),
+            None => json_response(404, serde_json::json!({"detail": "Not Found"})),
+        }
+    }
+
     fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        if req.uri().path() == "/edge_worker/ui/jobs" {
+            return self.edge_jobs_answer_to();
+        }
         if req.uri().path() != "/api/v2/dags/~/dagRuns/~/taskInstances" {
             return json_response(404, serde_json::json!({"detail": "Not Found"}));
         }

@@ -29,7 +29,7 @@ from selenium.webdriver.support.ui import Select
 
 from harness.chromium import Chromium
 from harness.procs import wait_for
-from harness.sentinel_page import by_id, card, loaded_range, save, sign_in, until
+from harness.sentinel_page import by_id, card, loaded_range, opened, save, sign_in, until
 
 from conftest import chart_values, dedicated_nodes
 from infra.drain_check import assert_drained
@@ -233,7 +233,7 @@ def _page_says_workers_waited(token: str, deployment: str, folder: Path) -> None
         sign_in(d, f"{SENTINEL}/ui/", token)
         until(d, lambda d: card(d, deployment), f"list {deployment}")
         card(d, deployment).find_element(By.CSS_SELECTOR, ".history-button").click()
-        until(d, lambda d: loaded_range(d, "1d"), "load the default range")
+        until(d, opened, "load the range it opens on")
         Select(by_id(d, "history-range")).select_by_value("15m")
         assert until(d, lambda d: loaded_range(d, "15m"), "load the 15-minute range") == 200
         waiting = by_id(d, "tile-waiting").get_attribute("aria-label")

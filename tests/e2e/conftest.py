@@ -77,10 +77,11 @@ STACK_STATE = "astro_e2e_airflow_stack"
 #: queues (or that must not share the stack) belongs in its group.
 GROUPS: dict[str, tuple[str, ...]] = {
     # Queue `default`: e2e_short_40 and agents serving all of the queue; Airflow's counts of
-    # the whole queue (test_stack).
+    # the whole queue (test_stack); executor callbacks, which the Edge executor queues there.
     "queue-default": ("test_agent.py::test_two_agents_run_40_tasks_within_their_slots_and_ship_logs",
                       "test_agent.py::test_a_launcher_killed_mid_run_loses_no_task",
-                      "test_stack.py::test_queue_counts_then_python_worker_runs_everything"),
+                      "test_stack.py::test_queue_counts_then_python_worker_runs_everything",
+                      "test_callbacks.py"),
     # own_airflow: one second stack for all of them.
     "own-airflow": ("test_sentinel.py", "test_sentinel_cost.py"),
     # Queue `sentinel`: exact counts of e2e_queued_30 / e2e_slots_mix; test_ui's Sentinel starts once.

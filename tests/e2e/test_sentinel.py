@@ -287,9 +287,10 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, astro_ag
     if source == "airflow-api":
         source_config = {"type": "airflow-api", "airflowApi": {"url": airflow.api_base}}
         env = {"ASTRO_SENTINEL_AIRFLOW_USERNAME": "admin", "ASTRO_SENTINEL_AIRFLOW_PASSWORD": "admin"}
-        # One page of the one distinct queue's task instances (30 < 100), and the list of Edge
-        # workers (the history's Running line outside Kubernetes).
-        upstream_per_refresh = 2
+        # One page of the one distinct queue's task instances (30 < 100), the list of executor
+        # callbacks (one for all queues), and the list of Edge workers (the history's Running
+        # line outside Kubernetes).
+        upstream_per_refresh = 3
     else:
         role, password = f"sentinel_ro_{secrets.token_hex(4)}", secrets.token_hex(16)
         airflow.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
@@ -301,7 +302,9 @@ def test_sentinel_serves_the_real_backlog(source, airflow, trigger_dag, astro_ag
         pg = urlparse(airflow.postgres_url)
         source_config = {"type": "postgres", "postgres": {"sslMode": "verify-full", "caFile": str(ca)}}
         env = {"ASTRO_SENTINEL_POSTGRES_URL": f"postgres://{role}:{password}@127.0.0.1:{pg.port}{pg.path}"}
-        upstream_per_refresh = 2  # one GROUP BY for all queues, and the Edge workers
+        # One GROUP BY for all queues (task instances only: this role may not read edge_job,
+        # so the Sentinel counts no callbacks and says so), and the Edge workers.
+        upstream_per_refresh = 2
     try:
         run_scenario(source, airflow, client, trigger_dag, astro_agent, sentinel_bin, sentinels,
                      tmp_path, source_config, env, upstream_per_refresh)

@@ -102,10 +102,11 @@ def test_airflow_api_cost_at_10000_queued(airflow, trigger_dag, sentinel_bin, tm
             seconds = (d1 - d0) / refreshes
             print(f"\nairflow-api, {BENCH_TASKS} queued on one queue: {per_refresh:.1f} requests and "
                   f"{seconds:.2f}s per refresh ({refreshes:.0f} refreshes)")
-            # 10 000 at 100 a page, and the list of Edge workers once per refresh interval on its
-            # own loop (so one more or one fewer of those can fall in the window).
+            # 10 000 at 100 a page, the list of executor callbacks (one for all queues), and the
+            # list of Edge workers once per refresh interval on its own loop (so one more or one
+            # fewer of those can fall in the window).
             pages = math.ceil(BENCH_TASKS / 100)
-            assert pages + 0.5 <= per_refresh <= pages + 1.5, per_refresh
+            assert pages + 1.5 <= per_refresh <= pages + 2.5, per_refresh
             assert seconds < BENCH_REFRESH, "a refresh ran into the next: the counts are blurred"
             assert s.worker("astro-worker-bench")[0] == 200
         finally:

@@ -32,10 +32,11 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.select import Select
 
 from harness.chromium import Chromium
 from harness.procs import wait_for
-from harness.sentinel_page import by_id, card, enter_token, loaded_range, save, until
+from harness.sentinel_page import by_id, card, enter_token, loaded_range, opened, save, until
 from harness.sentinel_page import sign_in as sign_in_with
 # The Sentinel as test_sentinel.py runs it: same binary fixture, config, token and workers.
 from test_sentinel import DAG, QUEUE, SHARED, TASKS, TOKEN, WORKER, Sentinel, sentinel_bin  # noqa: F401
@@ -44,6 +45,10 @@ TOKEN_KEY = "astro-sentinel-token"
 COLD_START_PHASES = ["backlogSeen", "replicasRaised", "podScheduled", "containerStarted",
                      "agentRegistered", "firstTaskRunning"]
 RANGES = ["Last 15 minutes", "Last 1 hour", "Last 6 hours", "Last 1 day", "Last 7 days", "Last 14 days"]
+RANGE_VALUES = ["15m", "1h", "6h", "1d", "7d", "14d"]
+# The ranges a young recording opens on, by their length; older recordings open on 1 day.
+OPENING_RANGES = [("15m", timedelta(minutes=15)), ("1h", timedelta(hours=1)), ("6h", timedelta(hours=6))]
+DURATION_TABLE = Path(__file__).resolve().parents[2] / "sentinel" / "tests" / "data" / "duration_text.json"
 
 
 # ---- fixtures -----------------------------------------------------------------------------
@@ -90,6 +95,15 @@ def page_url(sentinel: Sentinel) -> str:
 
 
 # ---- page helpers -------------------------------------------------------------------------
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def opening_range(recording_age: timedelta) -> str:
+    """The range the page opens on for a recording this old: the shortest that holds it."""
+    return next((r for r, length in OPENING_RANGES if recording_age <= length), "1d")
 
 
 def label_of(driver, control: WebElement) -> str:
@@ -212,7 +226,15 @@ def test_worker_list_and_scaling_history_by_keyboard(sentinel, browser, screensh
     style, width = focus_ring(d, button)
     assert style != "none" and width >= 2, f"no visible focus on the button: {style} {width}px"
     button.send_keys(Keys.ENTER)
-    status = until(d, lambda d: loaded_range(d, "1d"), "load the default range, 1 day")
+    # This module's Sentinel started minutes ago: the dialog opens on the shortest range that
+    # holds its recording (the page judged by its card's answer of up to 30 s before this one).
+    first, status = until(d, opened, "load the range it opens on")
+    code, body = sentinel.get(f"/v1/workers/{WORKER}/history?range=15m")
+    assert code == 200, body
+    young = json.loads(body)
+    age = parse_time(young["to"]) - parse_time(young["recordingSince"])
+    assert first in {opening_range(age), opening_range(age - timedelta(seconds=35))}, (first, age)
+    assert first != "1d", f"a recording of {age} opened on a day"
     dialog = by_id(d, "history")
     assert dialog.get_attribute("open") is not None
     title_id = dialog.get_attribute("aria-labelledby")
@@ -222,7 +244,7 @@ def test_worker_list_and_scaling_history_by_keyboard(sentinel, browser, screensh
     assert select.get_attribute("id") == "history-range", "the dialog did not take the focus"
     assert select.tag_name == "select" and label_of(d, select) == "Time range"
     assert [o.text for o in select.find_elements(By.TAG_NAME, "option")] == RANGES
-    assert select.get_attribute("value") == "1d"
+    assert select.get_attribute("value") == first
     style, width = focus_ring(d, select)
     assert style != "none" and width >= 2, f"no visible focus on the range selector: {style} {width}px"
     message = by_id(d, "history-message").text
@@ -231,17 +253,32 @@ def test_worker_list_and_scaling_history_by_keyboard(sentinel, browser, screensh
         assert not by_id(d, "history-body").is_displayed()
     else:
         assert status == 200 and by_id(d, "history-body").is_displayed(), (status, message)
+    if status == 200 and age < dict(OPENING_RANGES)[first] * 0.9:
+        # The young recording fills the chart: its time axis starts where the recording does.
+        chart = by_id(d, "chart")
+        wanted = chart.find_element(By.CSS_SELECTOR, 'path[data-series="wanted"]').get_attribute("d")
+        assert float(wanted.split()[0][1:]) <= 44 + 30, f"the line starts far from the axis' start: {wanted[:40]}"
+        assert chart.find_element(By.CSS_SELECTOR, "text.since-label").get_attribute("textContent") \
+            == "recording started"
+        assert "the time axis starts there" in chart.find_element(By.TAG_NAME, "desc").get_attribute("textContent")
+    if status == 200:
+        drain = by_id(d, "drain-chart")
+        assert drain.get_attribute("role") == "img"
+        assert by_id(d, "drain-title").get_attribute("textContent").startswith("Backlog drained per minute by ")
+    history_png = save(d, screenshots, "scaling-history.png")
 
-    # Arrow Up picks the range above, Last 6 hours, and the page loads it.
-    select.send_keys(Keys.ARROW_UP)
-    until(d, lambda d: loaded_range(d, "6h"), "load the range chosen with the keyboard, 6 hours")
-    assert by_id(d, "history-range").get_attribute("value") == "6h"
+    # Arrow Down picks the next range, and the page loads it.
+    following = RANGE_VALUES[RANGE_VALUES.index(first) + 1]
+    select.send_keys(Keys.ARROW_DOWN)
+    until(d, lambda d: loaded_range(d, following), f"load the range chosen with the keyboard, {following}")
+    assert by_id(d, "history-range").get_attribute("value") == following
     if status == 200:
         chart_title = by_id(d, "chart").get_attribute("aria-labelledby").split()[0]
-        assert by_id(d, chart_title).get_attribute("textContent") == f"Workers of {WORKER} over the last 6 hours"
+        label = {"1h": "the last hour", "6h": "the last 6 hours", "1d": "the last day"}[following]
+        assert by_id(d, chart_title).get_attribute("textContent") == f"Workers of {WORKER} over {label}"
         for tile in ("tile-peak", "tile-maximum", "tile-waiting", "tile-paused", "tile-held"):
             assert by_id(d, tile).get_attribute("aria-label"), f"{tile} has no label"
-    history_png = save(d, screenshots, "scaling-history.png")
+    save(d, screenshots, f"scaling-history-{following}.png")
 
     # Escape closes the dialog and gives the focus back to the button that opened it.
     ActionChains(d).send_keys(Keys.ESCAPE).perform()
@@ -255,8 +292,9 @@ def test_scaling_history_lines_tiles_and_findings(sentinel, browser):
     d = browser.driver
     sign_in(d, sentinel)
     card(d, WORKER).find_element(By.CSS_SELECTOR, ".history-button").click()
-    status = until(d, lambda d: loaded_range(d, "1d"), "load the history")
-    assert status == 200
+    until(d, opened, "load the range it opens on")
+    Select(by_id(d, "history-range")).select_by_value("1d")
+    assert until(d, lambda d: loaded_range(d, "1d"), "load the history of a day") == 200
     path = f"/v1/workers/{WORKER}/history?range=1d"
     code, body = sentinel.get(path)
     assert code == 200, body
@@ -305,6 +343,10 @@ def test_scaling_history_lines_tiles_and_findings(sentinel, browser):
     # The bounds are labelled at the right end of their lines.
     labels = [t.get_attribute("textContent") for t in chart.find_elements(By.CSS_SELECTOR, "text.bound-label")]
     assert labels == ["max 10", "min 0"], labels
+    # Drained per minute: a line of its own where the Sentinel measured any.
+    drained = by_id(d, "drain-chart").find_elements(By.CSS_SELECTOR, 'path[data-series="drainedPerMinute"]')
+    if any(isinstance(p.get("drainedPerMinute"), (int, float)) for p in api["series"]):
+        assert drained and drained[0].get_attribute("d").startswith("M")
     rows = by_id(d, "decisions").find_elements(By.CSS_SELECTOR, "tbody tr")
     counts = {max(1, min(len(a["decisions"]), 500)) for a in (api, newer)}
     assert len(rows) in counts, (len(rows), counts)
@@ -331,7 +373,8 @@ def contract_history(worker: str) -> dict:
                        "workers": w, "running": None if minute < 2 else min(w, 4), "waiting": 0,
                        "terminating": 1 if minute == len(wanted) - 1 else 0, "backlog": 4 * w,
                        "queued": w, "runningTasks": 3 * w, "minReplicas": 1, "maxReplicas": 5,
-                       "paused": 9 <= minute <= 11})
+                       "paused": 9 <= minute <= 11,
+                       "drainedPerMinute": None if minute < 3 else float(minute % 4) * 2.5})
     series[-1]["running"] = 1
 
     def cold_start(worker_pod: str, kind: str, began: datetime, steps_ms: list[int], outcome: str,
@@ -401,7 +444,8 @@ def test_page_draws_a_contract_shaped_history_with_kubernetes_data(sentinel, bro
     assert "repeating-linear-gradient" in terminating.value_of_css_property("background-image"), "not hatched"
 
     card(d, WORKER).find_element(By.CSS_SELECTOR, ".history-button").click()
-    assert until(d, lambda d: loaded_range(d, "1d"), "draw the history") == 200
+    # Recorded for 2 h 15 min: the shortest range that holds it is 6 hours.
+    assert until(d, lambda d: loaded_range(d, "6h"), "draw the history") == 200
     chart = by_id(d, "chart")
     for key in ("wanted", "workers", "running", "minReplicas", "maxReplicas"):
         path = chart.find_element(By.CSS_SELECTOR, f'path[data-series="{key}"]').get_attribute("d")
@@ -415,6 +459,13 @@ def test_page_draws_a_contract_shaped_history_with_kubernetes_data(sentinel, bro
     assert "Running: from 1 to 4" in chart.find_element(By.TAG_NAME, "desc").get_attribute("textContent")
     labels = [t.get_attribute("textContent") for t in chart.find_elements(By.CSS_SELECTOR, "text.bound-label")]
     assert labels == ["max 5", "min 1"], labels
+    # Drained per minute: its own chart on the same time axis, from the fourth sample on.
+    drain = by_id(d, "drain-chart")
+    drained_path = drain.find_element(By.CSS_SELECTOR, 'path[data-series="drainedPerMinute"]').get_attribute("d")
+    assert drained_path.count("M") == 1 and float(drained_path.split()[0][1:]) > wanted_x, drained_path
+    assert by_id(d, "drain-desc").get_attribute("textContent") == \
+        "Task slots drained per minute while running: from 0 to 7.5."
+    assert by_id(d, "tile-maximum").find_element(By.CSS_SELECTOR, ".tile-label").text == "At maximum"
     assert by_id(d, "tile-peak").get_attribute("aria-label") == "Peak wanted: 5 workers"
     assert by_id(d, "tile-maximum").get_attribute("aria-label") == "At maximum: 2 min"
     assert by_id(d, "tile-waiting").get_attribute("aria-label") == "Waiting for capacity: Never"
@@ -457,3 +508,39 @@ def test_page_draws_a_contract_shaped_history_with_kubernetes_data(sentinel, bro
     save(d, screenshots, "contract-shaped-history.png")
     d.execute_script("document.getElementById('cold-starts').scrollIntoView()")
     save(d, screenshots, "contract-shaped-cold-starts.png")
+
+
+def test_a_fixed_size_pool_has_its_own_at_maximum_tile(sentinel, browser):
+    """Min = max: the tile is the time the backlog wanted more than the pool's fixed size."""
+    d = browser.driver
+    answer = contract_history(WORKER)
+    answer["minReplicas"] = answer["maxReplicas"] = 5
+    answer["tiles"]["atMaximumSeconds"] = 90
+    answer["findings"] = [{"kind": "fixedSize", "seconds": 900,
+                           "text": "Fixed at 5 workers (20 slots): 35% of its slots ran tasks."}]
+    d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": f"""
+        const HISTORY = {json.dumps(answer)};
+        const realFetch = window.fetch.bind(window);
+        window.fetch = (url, init) => String(url).includes("/history?")
+          ? Promise.resolve(new Response(JSON.stringify(HISTORY),
+              {{status: 200, headers: {{"Content-Type": "application/json"}}}}))
+          : realFetch(url, init);
+    """})
+    sign_in(d, sentinel)
+    card(d, WORKER).find_element(By.CSS_SELECTOR, ".history-button").click()
+    assert until(d, lambda d: loaded_range(d, "6h"), "draw the history") == 200
+    tile = by_id(d, "tile-maximum")
+    assert tile.find_element(By.CSS_SELECTOR, ".tile-label").text == "Backlog beyond its size"
+    assert tile.get_attribute("aria-label") == "Backlog beyond its size: 1 min 30 s"
+    assert [li.text for li in by_id(d, "findings").find_elements(By.TAG_NAME, "li")] == [
+        "Fixed at 5 workers (20 slots): 35% of its slots ran tasks."]
+
+
+def test_the_page_writes_durations_by_the_findings_rule(sentinel, browser):
+    """The page's durations against the table the Sentinel's findings are tested on."""
+    d = browser.driver
+    d.get(page_url(sentinel))
+    until(d, lambda d: d.execute_script("return typeof humanDuration") == "function", "load duration.js")
+    cases = json.loads(DURATION_TABLE.read_text())["cases"]
+    written = d.execute_script("return arguments[0].map(([s]) => humanDuration(s))", cases)
+    assert [[s, w] for (s, _), w in zip(cases, written)] == cases

@@ -4,6 +4,7 @@
 
 use super::decisions::Decision;
 use super::findings::{findings, tiles, Finding, RangeTotals, Tiles};
+use super::oscillation::{oscillation, WINDOW_MS};
 use super::pre_warm_log::PreWarmSummary;
 use super::range::HistoryRange;
 use super::store::HistoryKept;
@@ -43,7 +44,7 @@ pub struct HistoryAnswer {
 }
 
 /// One bucket: the peak of each line within it; the range in effect at its end.
-#[derive(Debug, Serialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Point {
     pub t: String,
@@ -62,6 +63,9 @@ pub struct Point {
     pub max_replicas: u32,
     /// Scaling was paused on purpose for some of the bucket.
     pub paused: bool,
+    /// Task slots the backlog fell by per minute the pool ran (one decimal): a lower bound of
+    /// its drain rate while work keeps arriving. `null` when nothing ran or it was not counted.
+    pub drained_per_minute: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -132,7 +136,17 @@ pub fn history_answer(
         missing,
         series: window.buckets.iter().map(|b| point(b)).collect(),
         tiles: tiles(&totals),
-        findings: findings(&totals, range, context.drifting_worker),
+        findings: findings(
+            &totals,
+            range,
+            context.drifting_worker,
+            oscillation(
+                history
+                    .decisions()
+                    .since(window.from_ms.min(now_ms.saturating_sub(WINDOW_MS))),
+            )
+            .as_ref(),
+        ),
         decisions: history
             .decisions()
             .since(window.from_ms)
@@ -161,7 +175,14 @@ fn point(b: &Bucket) -> Point {
         min_replicas: b.min_replicas,
         max_replicas: b.max_replicas,
         paused: b.paused_ms > 0,
+        drained_per_minute: drained_per_minute(b),
     }
+}
+
+fn drained_per_minute(b: &Bucket) -> Option<f64> {
+    let drained = b.drained.get()?;
+    (b.running_ms > 0)
+        .then(|| (f64::from(drained) * 60_000.0 / f64::from(b.running_ms) * 10.0).round() / 10.0)
 }
 
 fn decision_entry(d: &Decision) -> DecisionEntry {
@@ -239,6 +260,39 @@ mod tests {
     }
 
     #[test]
+    fn workers_see_sawing_over_a_steady_backlog_is_an_oscillation_finding_on_every_range() {
+        let mut h = WorkerHistory::default();
+        // Every 7 minutes the autoscaler moves between 2 and 3 workers; the backlog stays 7..9.
+        for i in 0..8u64 {
+            let (backlog, workers) = if i % 2 == 0 { (9, 3) } else { (7, 2) };
+            let at = NOW_MS - (8 - i) * 7 * 60_000;
+            h.record(
+                at,
+                &with_cluster(sample(backlog), workers, workers, 0),
+                2000,
+                DecisionSource::Postgres,
+            );
+        }
+        for range in [HistoryRange::FifteenMinutes, HistoryRange::OneDay] {
+            let a = history_answer(&worker(), Some(&h), range, NOW_MS, context("s"));
+            let oscillation: Vec<&str> = a
+                .findings
+                .iter()
+                .filter(|f| f.kind == super::super::findings::FindingKind::Oscillation)
+                .map(|f| f.text.as_str())
+                .collect();
+            assert_eq!(
+                oscillation,
+                vec![
+                    "Oscillated: 7 worker count changes within an hour, turning back 6 times, while \
+                     the backlog stayed between 7 and 9 slots, within one worker's 4 slots."
+                ],
+                "{range:?}"
+            );
+        }
+    }
+
+    #[test]
     fn the_shape_the_page_reads() {
         let mut h = WorkerHistory::default();
         let api = DecisionSource::AirflowApi;
@@ -281,7 +335,7 @@ mod tests {
             serde_json::json!({"t": "2027-01-15T07:58:00Z", "wanted": 2, "desiredReplicas": 2,
                 "workers": null, "running": null, "waiting": null, "terminating": null,
                 "backlog": 8, "queued": 4, "runningTasks": 4, "heldTasks": 0, "minReplicas": 1,
-                "maxReplicas": 5, "paused": false})
+                "maxReplicas": 5, "paused": false, "drainedPerMinute": 0.0})
         );
         assert_eq!(series[1]["workers"], 3, "the peak within the bucket");
         assert_eq!(series[1]["waiting"], 1);

@@ -15,11 +15,20 @@
 //!   with task instances Airflow holds in `scheduled` while the pool was below its maximum,
 //!   the same threshold. Which limit held them (`[core] parallelism`, a pool, a DAG's
 //!   `max_active_tasks`) Airflow does not record.
+//! * "Oscillated: 8 replica changes within an hour, turning back 5 times, while the backlog
+//!   stayed between 7 and 9 slots, within one worker's 4." (seed 002's check, see
+//!   [`oscillation`](super::oscillation)); any length of time.
+//! * A fixed-size pool (min = max) is never "at its maximum" in the sense above: it reads
+//!   "Fixed at 4 workers (16 slots): 35% of its slots ran tasks." and, once the backlog wanted
+//!   more workers than it has for the threshold, "The backlog needed more workers for T." Its
+//!   below-minimum finding would say the same as the share, so it has none.
 //! * Otherwise "Stayed within its range over this period."
 
+use super::decisions::DecisionKind;
 use super::duration_text::human_duration;
+use super::oscillation::Oscillation;
 use super::range::HistoryRange;
-use super::tier::Bucket;
+use super::tier::{Bucket, UNKNOWN_SLOT_MS};
 use serde::Serialize;
 
 /// Sums over the buckets of a range.
@@ -37,6 +46,10 @@ pub struct RangeTotals {
     pub held_back_ms: u64,
     /// The most task instances held in `scheduled` at once.
     pub peak_held_tasks: u32,
+    /// Σ running slots × time over the buckets that counted it...
+    pub busy_slot_ms: u64,
+    /// ...and the time (observed, not paused) those buckets stand for.
+    pub busy_counted_ms: u64,
     /// The slots of the last drifting worker in the range.
     pub drift_slots: Option<u32>,
     pub peak_wanted: Option<u32>,
@@ -62,6 +75,10 @@ impl RangeTotals {
             t.slot_drift_ms += u64::from(b.slot_drift_ms);
             t.held_back_ms += u64::from(b.held_back_ms);
             t.peak_held_tasks = t.peak_held_tasks.max(b.peak.held_tasks);
+            if b.busy_slot_ms != UNKNOWN_SLOT_MS {
+                t.busy_slot_ms = t.busy_slot_ms.saturating_add(b.busy_slot_ms);
+                t.busy_counted_ms += u64::from(b.observed_ms.saturating_sub(b.paused_ms));
+            }
             t.drift_slots = b.drift_slots.get().or(t.drift_slots);
             t.peak_wanted = Some(t.peak_wanted.unwrap_or(0).max(b.peak.wanted));
             t.min_replicas = b.min_replicas;
@@ -84,6 +101,9 @@ pub enum FindingKind {
     Paused,
     SlotDrift,
     HeldBack,
+    Oscillation,
+    /// A fixed-size pool's use of its slots.
+    FixedSize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -119,11 +139,13 @@ pub fn tiles(t: &RangeTotals) -> Tiles {
 }
 
 /// The findings for `range`; empty when the range holds no data at all. `drifting_worker` names
-/// the last worker seen running with other slots than the pool's, when it is known.
+/// the last worker seen running with other slots than the pool's, when it is known;
+/// `oscillation` is the worst oscillating hour of the decision log in the range, if any.
 pub fn findings(
     t: &RangeTotals,
     range: HistoryRange,
     drifting_worker: Option<&str>,
+    oscillation: Option<&Oscillation>,
 ) -> Vec<Finding> {
     if t.buckets == 0 {
         return Vec::new();
@@ -170,7 +192,29 @@ pub fn findings(
             seconds,
         });
     }
-    if t.at_maximum_ms >= threshold {
+    if let Some(o) = oscillation {
+        let counted = match o.kind {
+            DecisionKind::Workers => "worker count changes",
+            DecisionKind::DesiredReplicas => "changes of the wanted workers",
+        };
+        out.push(Finding {
+            kind: FindingKind::Oscillation,
+            text: format!(
+                "Oscillated: {} {counted} within an hour, turning back {} times, while the backlog \
+                 stayed between {} and {}, within one worker's {}.",
+                o.changes,
+                o.reversals,
+                o.lowest_backlog,
+                slots(o.highest_backlog),
+                slots(o.sync_slots),
+            ),
+            seconds: 0,
+        });
+    }
+    let fixed_size = t.min_replicas == t.max_replicas && t.max_replicas > 0;
+    if fixed_size {
+        out.extend(fixed_size_findings(t, threshold));
+    } else if t.at_maximum_ms >= threshold {
         let seconds = whole_seconds(t.at_maximum_ms);
         out.push(Finding {
             kind: FindingKind::AtMaximum,
@@ -194,7 +238,8 @@ pub fn findings(
         });
     }
     // Exact in integers: below / running >= 90 %.
-    if t.running_ms > 0
+    if !fixed_size
+        && t.running_ms > 0
         && t.running_ms >= range.running_floor_ms()
         && t.below_minimum_ms * 10 >= t.running_ms * 9
     {
@@ -214,6 +259,40 @@ pub fn findings(
             kind: FindingKind::WithinRange,
             text: "Stayed within its range over this period.".into(),
             seconds: whole_seconds(t.observed_ms),
+        });
+    }
+    out
+}
+
+/// What a pool with min = max did with its slots, and how long its size held work back.
+fn fixed_size_findings(t: &RangeTotals, threshold: u64) -> Vec<Finding> {
+    let capacity = u64::from(t.max_replicas) * u64::from(t.sync_slots);
+    let size = format!(
+        "Fixed at {} ({})",
+        workers(t.max_replicas),
+        slots(u32::try_from(capacity).unwrap_or(u32::MAX))
+    );
+    let offered_slot_ms = u128::from(capacity) * u128::from(t.busy_counted_ms);
+    // Rounded down, so that a pool short of full never reads 100 %.
+    let text = match (u128::from(t.busy_slot_ms) * 100).checked_div(offered_slot_ms) {
+        Some(percent) => format!("{size}: {percent}% of its slots ran tasks."),
+        None => format!("{size}."),
+    };
+    let mut out = vec![Finding {
+        kind: FindingKind::FixedSize,
+        text,
+        seconds: whole_seconds(t.busy_counted_ms),
+    }];
+    if t.at_maximum_ms >= threshold {
+        let seconds = whole_seconds(t.at_maximum_ms);
+        out.push(Finding {
+            kind: FindingKind::AtMaximum,
+            text: format!(
+                "The backlog needed more than its {} for {}.",
+                workers(t.max_replicas),
+                human_duration(seconds)
+            ),
+            seconds,
         });
     }
     out
@@ -266,7 +345,7 @@ mod tests {
             waiting_ms: Some(40 * 60_000),
             ..totals(86_400_000)
         };
-        let f = findings(&t, HistoryRange::FifteenMinutes, None);
+        let f = findings(&t, HistoryRange::FifteenMinutes, None, None);
         assert_eq!(f[0].text, "Ran at its maximum of 5 workers for 2 min.");
         assert_eq!(f[0].seconds, 120);
         assert_eq!(
@@ -280,20 +359,21 @@ mod tests {
             ..totals(86_400_000)
         };
         assert_eq!(
-            findings(&t, HistoryRange::OneDay, None)[0].text,
+            findings(&t, HistoryRange::OneDay, None, None)[0].text,
             "Needed fewer than its minimum of 2 workers for 95% of the time it was running."
         );
         let t = RangeTotals {
+            min_replicas: 0,
             max_replicas: 1,
             at_maximum_ms: 2 * 3_600_000,
             ..totals(86_400_000)
         };
         assert_eq!(
-            findings(&t, HistoryRange::OneDay, None)[0].text,
+            findings(&t, HistoryRange::OneDay, None, None)[0].text,
             "Ran at its maximum of 1 worker for 2 h."
         );
         assert_eq!(
-            findings(&totals(60_000), HistoryRange::OneDay, None),
+            findings(&totals(60_000), HistoryRange::OneDay, None, None),
             vec![Finding {
                 kind: FindingKind::WithinRange,
                 text: "Stayed within its range over this period.".into(),
@@ -311,7 +391,7 @@ mod tests {
             sync_slots: 16,
             ..totals(86_400_000)
         };
-        let f = findings(&t, HistoryRange::OneDay, Some("edge-a"));
+        let f = findings(&t, HistoryRange::OneDay, Some("edge-a"), None);
         assert_eq!(kinds(&f), vec![FindingKind::Paused, FindingKind::SlotDrift]);
         assert_eq!(f[0].text, "Paused for 3 h.");
         assert_eq!(
@@ -319,7 +399,7 @@ mod tests {
             "Worker edge-a ran with 8 slots while the autoscaler assumed 16 for 40 min."
         );
         assert_eq!(
-            findings(&t, HistoryRange::OneDay, None)[1].text,
+            findings(&t, HistoryRange::OneDay, None, None)[1].text,
             "A worker ran with 8 slots while the autoscaler assumed 16 for 40 min."
         );
         assert_eq!(tiles(&t).paused_seconds, Some(3 * 3600));
@@ -328,7 +408,7 @@ mod tests {
             peak_held_tasks: 12,
             ..totals(86_400_000)
         };
-        let f = findings(&held, HistoryRange::OneDay, None);
+        let f = findings(&held, HistoryRange::OneDay, None, None);
         assert_eq!(
             f[0].text,
             "Held below its maximum by Airflow for 40 min: up to 12 tasks waited as scheduled."
@@ -341,15 +421,82 @@ mod tests {
             ..t
         };
         assert_eq!(
-            kinds(&findings(&short, HistoryRange::OneDay, None)),
+            kinds(&findings(&short, HistoryRange::OneDay, None, None)),
             vec![FindingKind::WithinRange]
+        );
+    }
+
+    #[test]
+    fn oscillation_reads_like_seed_002s_check() {
+        let o = Oscillation {
+            changes: 8,
+            reversals: 5,
+            lowest_backlog: 7,
+            highest_backlog: 9,
+            sync_slots: 4,
+            kind: DecisionKind::Workers,
+        };
+        let f = findings(&totals(3_600_000), HistoryRange::OneHour, None, Some(&o));
+        assert_eq!(kinds(&f), vec![FindingKind::Oscillation]);
+        assert_eq!(
+            f[0].text,
+            "Oscillated: 8 worker count changes within an hour, turning back 5 times, while the \
+             backlog stayed between 7 and 9 slots, within one worker's 4 slots."
+        );
+    }
+
+    #[test]
+    fn a_fixed_size_pool_reads_its_share_of_slots_not_at_maximum() {
+        let fixed = RangeTotals {
+            min_replicas: 4,
+            max_replicas: 4,
+            sync_slots: 4,
+            // 16 slots offered for an hour, 35 % of them busy.
+            busy_counted_ms: 3_600_000,
+            busy_slot_ms: 16 * 3_600_000 * 35 / 100,
+            running_ms: 3_600_000,
+            below_minimum_ms: 3_600_000,
+            ..totals(3_600_000)
+        };
+        let f = findings(&fixed, HistoryRange::OneHour, None, None);
+        assert_eq!(
+            kinds(&f),
+            vec![FindingKind::FixedSize],
+            "no below-minimum either"
+        );
+        assert_eq!(
+            f[0].text,
+            "Fixed at 4 workers (16 slots): 35% of its slots ran tasks."
+        );
+        let short = RangeTotals {
+            at_maximum_ms: 12 * 60_000,
+            ..fixed.clone()
+        };
+        let f = findings(&short, HistoryRange::OneHour, None, None);
+        assert_eq!(
+            kinds(&f),
+            vec![FindingKind::FixedSize, FindingKind::AtMaximum]
+        );
+        assert_eq!(
+            f[1].text,
+            "The backlog needed more than its 4 workers for 12 min."
+        );
+        let unknown = RangeTotals {
+            busy_counted_ms: 0,
+            busy_slot_ms: 0,
+            ..fixed
+        };
+        assert_eq!(
+            findings(&unknown, HistoryRange::OneHour, None, None)[0].text,
+            "Fixed at 4 workers (16 slots).",
+            "recorded before the slots were counted"
         );
     }
 
     #[test]
     fn no_data_no_findings_and_null_tiles() {
         let empty = RangeTotals::default();
-        assert!(findings(&empty, HistoryRange::OneDay, None).is_empty());
+        assert!(findings(&empty, HistoryRange::OneDay, None, None).is_empty());
         assert_eq!(
             tiles(&empty),
             Tiles {
@@ -378,17 +525,37 @@ mod tests {
             ..totals(86_400_000)
         };
         // Exactly 90 % at exactly the floor.
-        let f = findings(&with(floor, floor / 10 * 9), HistoryRange::OneDay, None);
+        let f = findings(
+            &with(floor, floor / 10 * 9),
+            HistoryRange::OneDay,
+            None,
+            None,
+        );
         assert_eq!(kinds(&f), vec![FindingKind::BelowMinimum]);
         assert!(f[0].text.contains("for 90%"), "{}", f[0].text);
         // Just under 90 %.
-        let f = findings(&with(floor, floor / 10 * 9 - 1), HistoryRange::OneDay, None);
+        let f = findings(
+            &with(floor, floor / 10 * 9 - 1),
+            HistoryRange::OneDay,
+            None,
+            None,
+        );
         assert_eq!(kinds(&f), vec![FindingKind::WithinRange]);
         // 100 % but 1 ms short of the running floor.
-        let f = findings(&with(floor - 1, floor - 1), HistoryRange::OneDay, None);
+        let f = findings(
+            &with(floor - 1, floor - 1),
+            HistoryRange::OneDay,
+            None,
+            None,
+        );
         assert_eq!(kinds(&f), vec![FindingKind::WithinRange]);
         // The floor scales: 15 minutes of running is enough on a 1 h range (5 min floor).
-        let f = findings(&with(15 * 60_000, 15 * 60_000), HistoryRange::OneHour, None);
+        let f = findings(
+            &with(15 * 60_000, 15 * 60_000),
+            HistoryRange::OneHour,
+            None,
+            None,
+        );
         assert_eq!(kinds(&f), vec![FindingKind::BelowMinimum]);
         assert!(f[0].text.contains("for 100%"));
     }

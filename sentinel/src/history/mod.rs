@@ -4,7 +4,8 @@
 //! Data flows one way: after every refresh the [`recorder`] turns each worker's answer (the
 //! one KEDA gets) and the [pool view](crate::pool) into a [`sample`]; the [`store`] adds it to three
 //! downsampled [`tier`]s and to the [`decisions`] log; a request picks the tier of its
-//! [`range`] and builds the [`answer`], with [`findings`] worded by [`duration_text`].
+//! [`range`] and builds the [`answer`], with [`findings`] (and the decision log's
+//! [`oscillation`]) worded by [`duration_text`].
 //! [`persist`] keeps it across restarts when `history.path` is set, written by one replica at
 //! a time ([`file_lock`]); the [`pre_warm_log`] (in memory only) says what pre-warming from
 //! the schedule did.
@@ -21,7 +22,9 @@ pub mod decisions;
 pub mod duration_text;
 pub mod file_lock;
 pub mod findings;
+pub mod format_v2;
 pub mod instance;
+pub mod oscillation;
 pub mod persist;
 pub mod pre_warm_log;
 pub mod range;

@@ -17,6 +17,7 @@
 //! every tier.
 
 use super::decisions::MAX_DECISIONS;
+use super::format_v2::{self, SavedV2};
 use super::store::{History, HistoryData};
 use super::tier::{TierSpec, TIERS};
 use super::worker_history::WorkerHistory;
@@ -32,8 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 const MAGIC: &[u8; 8] = b"ASTROHST";
 /// Bumped whenever the payload's types change shape (2: a bucket keeps paused time, held-back
-/// tasks and slot drift).
-const FORMAT_VERSION: u32 = 2;
+/// tasks and slot drift; 3: the backlog's drain and the slots that ran tasks). Files of the
+/// previous format are read too ([`format_v2`]).
+const FORMAT_VERSION: u32 = 3;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 32;
 pub const SAVE_INTERVAL: Duration = Duration::from_secs(60);
 /// How far past now a loaded bucket or decision may be dated: clocks of two nodes disagree a
@@ -42,12 +44,12 @@ pub const FUTURE_TOLERANCE: Duration = Duration::from_secs(300);
 
 /// The most bytes one worker's history can take in the file: every bucket of every tier and
 /// every decision present, each integer at postcard's longest (5 bytes a u32, 10 a u64), and
-/// room for the worker's name and the lengths. A bucket is 18 u32; a decision a u64, two enum
-/// tags and 8 u32.
-const MAX_WORKER_BYTES: usize =
-    (TIERS[0].capacity + TIERS[1].capacity + TIERS[2].capacity) * 18 * 5
-        + MAX_DECISIONS * (10 + 2 * 5 + 8 * 5)
-        + 1024;
+/// room for the worker's name and the lengths. A bucket is 19 u32 and a u64; a decision a u64,
+/// two enum tags and 8 u32.
+const MAX_WORKER_BYTES: usize = (TIERS[0].capacity + TIERS[1].capacity + TIERS[2].capacity)
+    * (19 * 5 + 10)
+    + MAX_DECISIONS * (10 + 2 * 5 + 8 * 5)
+    + 1024;
 
 /// The largest file the history of `workers` configured workers can make.
 pub fn max_file_bytes(workers: usize) -> usize {
@@ -90,7 +92,11 @@ pub fn encode(data: &HistoryData) -> Vec<u8> {
 pub enum DecodeError {
     #[error("not a history file (bad header)")]
     NotAHistoryFile,
-    #[error("written in format version {0}, this Sentinel reads version {FORMAT_VERSION}")]
+    #[error(
+        "written in format version {found}, this Sentinel reads versions {previous} and {FORMAT_VERSION}",
+        found = .0,
+        previous = format_v2::FORMAT_VERSION
+    )]
     OtherVersion(u32),
     #[error("corrupt (checksum mismatch)")]
     Corrupt,
@@ -105,15 +111,28 @@ pub fn decode(bytes: &[u8]) -> Result<HistoryData, DecodeError> {
         return Err(DecodeError::NotAHistoryFile);
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != format_v2::FORMAT_VERSION {
         return Err(DecodeError::OtherVersion(version));
     }
     let (digest, payload) = bytes[12..].split_at(32);
     if Sha256::digest(payload).as_slice() != digest {
         return Err(DecodeError::Corrupt);
     }
-    let saved: Saved =
-        postcard::from_bytes(payload).map_err(|e| DecodeError::Unreadable(e.to_string()))?;
+    let unreadable = |e: postcard::Error| DecodeError::Unreadable(e.to_string());
+    let saved: Saved = if version == format_v2::FORMAT_VERSION {
+        let v2: SavedV2 = postcard::from_bytes(payload).map_err(unreadable)?;
+        Saved {
+            tiers: v2.tiers,
+            max_decisions: v2.max_decisions,
+            workers: v2
+                .workers
+                .into_iter()
+                .map(|(name, h)| (name, WorkerHistory::from(h)))
+                .collect(),
+        }
+    } else {
+        postcard::from_bytes(payload).map_err(unreadable)?
+    };
     if saved.tiers != TIERS
         || saved.max_decisions as usize != MAX_DECISIONS
         || !saved.workers.values().all(WorkerHistory::fits)
@@ -374,6 +393,86 @@ mod tests {
             decode(&garbage).unwrap_err(),
             DecodeError::Unreadable(_)
         ));
+    }
+
+    #[test]
+    fn a_file_of_the_previous_format_is_read_with_the_new_counts_unknown() {
+        use super::super::decisions::DecisionLog;
+        use super::super::format_v2::{BucketV2, TierV2, WorkerHistoryV2};
+        use super::super::tier::{MaybeCount, Peaks, UNKNOWN_SLOT_MS};
+        let peak = Peaks {
+            wanted: 6,
+            desired_replicas: 4,
+            backlog: 24,
+            queued: 8,
+            running_tasks: 16,
+            held_tasks: 0,
+            workers: MaybeCount::new(Some(4)),
+            running: MaybeCount::new(Some(4)),
+            waiting: MaybeCount::UNKNOWN,
+            terminating: MaybeCount::new(Some(0)),
+        };
+        let bucket = |start_s, min_replicas| BucketV2 {
+            start_s,
+            observed_ms: 10_000,
+            at_maximum_ms: 10_000,
+            waiting_ms: 0,
+            running_ms: 10_000,
+            below_minimum_ms: 0,
+            paused_ms: 0,
+            slot_drift_ms: 0,
+            drift_slots: MaybeCount::UNKNOWN,
+            held_back_ms: 0,
+            peak,
+            min_replicas,
+            max_replicas: 4,
+            sync_slots: 4,
+        };
+        let start_s = (T0_MS / 1000) as u32;
+        let v2 = SavedV2 {
+            tiers: TIERS,
+            max_decisions: MAX_DECISIONS as u32,
+            workers: BTreeMap::from([(
+                "w".to_string(),
+                WorkerHistoryV2 {
+                    tiers: [
+                        TierV2 {
+                            buckets: [bucket(start_s, 1), bucket(start_s + 10, 4)].into(),
+                        },
+                        TierV2 {
+                            buckets: Default::default(),
+                        },
+                        TierV2 {
+                            buckets: Default::default(),
+                        },
+                    ],
+                    decisions: DecisionLog::default(),
+                    first_sample_ms: Some(T0_MS),
+                },
+            )]),
+        };
+        let payload = postcard::to_stdvec(&v2).unwrap();
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&format_v2::FORMAT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&Sha256::digest(&payload));
+        bytes.extend_from_slice(&payload);
+        let data = decode(&bytes).unwrap();
+        let window = data.workers["w"].window(
+            super::super::range::HistoryRange::FifteenMinutes,
+            T0_MS + 20_000,
+        );
+        let [scaled, fixed] = window.buckets.as_slice() else {
+            panic!("two buckets: {}", window.buckets.len())
+        };
+        assert_eq!((scaled.peak, scaled.at_maximum_ms), (peak, 10_000));
+        assert_eq!(scaled.drained, MaybeCount::UNKNOWN);
+        assert_eq!(scaled.busy_slot_ms, UNKNOWN_SLOT_MS);
+        assert_eq!(
+            fixed.at_maximum_ms, 0,
+            "format 2's always-at-maximum of a fixed-size pool says nothing"
+        );
+        // Saved again, it is format 3.
+        assert_eq!(&encode(&data)[8..12], &FORMAT_VERSION.to_le_bytes());
     }
 
     #[test]

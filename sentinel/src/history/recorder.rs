@@ -5,6 +5,10 @@
 //! stands for the time since the previous refresh, capped at the staleness limit: a longer
 //! silence is time KEDA would have been refused an answer, so it is not counted as observed.
 //! The first refresh stands for one refresh interval.
+//!
+//! The backlog's fall since the worker's previous sample is the drain the history charts; it
+//! is counted only between two samples no gap apart (after a gap the previous backlog says
+//! nothing of the time between).
 
 use super::decisions::DecisionSource;
 use super::sample::{drifting, Sample};
@@ -13,6 +17,7 @@ use crate::backlog::cache::Snapshot;
 use crate::backlog::worker_view::{worker_answer, WorkerAnswer};
 use crate::config::file::WorkerConfig;
 use crate::pool::ClusterSource;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +30,8 @@ pub struct HistoryRecorder {
     staleness_limit: Duration,
     /// Wall-clock milliseconds of the previous refresh, whatever its outcome.
     previous_refresh_ms: Mutex<Option<u64>>,
+    /// Each worker's backlog at the previous refresh, for the workers that had one.
+    previous_backlogs: Mutex<HashMap<String, u32>>,
 }
 
 /// How the recorder reads its inputs.
@@ -47,6 +54,7 @@ impl HistoryRecorder {
             refresh_interval: inputs.refresh_interval,
             staleness_limit: inputs.staleness_limit,
             previous_refresh_ms: Mutex::new(None),
+            previous_backlogs: Mutex::default(),
         }
     }
 
@@ -54,7 +62,7 @@ impl HistoryRecorder {
     /// judged by (as for requests).
     pub fn record_refresh(&self, snapshot: &Snapshot, now: Instant) {
         let at_ms = self.history.now_ms();
-        let weight_ms = {
+        let (weight_ms, after_gap) = {
             let mut previous = self
                 .previous_refresh_ms
                 .lock()
@@ -64,9 +72,20 @@ impl HistoryRecorder {
                 Some(before) => Duration::from_millis(at_ms.saturating_sub(before)),
                 None => self.refresh_interval,
             };
+            let after_gap = span > self.staleness_limit;
             let span = span.min(self.staleness_limit);
-            u32::try_from(span.as_millis()).unwrap_or(u32::MAX)
+            (
+                u32::try_from(span.as_millis()).unwrap_or(u32::MAX),
+                after_gap,
+            )
         };
+        let mut previous_backlogs = self
+            .previous_backlogs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if after_gap {
+            previous_backlogs.clear();
+        }
         let cold_starts = self.history.cold_starts();
         let samples = self.workers.iter().filter_map(|worker| {
             match worker_answer(worker, snapshot, now, self.staleness_limit) {
@@ -89,9 +108,20 @@ impl HistoryRecorder {
                             .note_drifting_worker(&worker.name, &drifting.worker);
                     }
                     let sample = Sample::new(&answer, view).with_worker_slots(&slots);
-                    Some((worker.name.as_str(), sample))
+                    // Looked up first: a name is allocated once per worker, not per refresh.
+                    let previous = match previous_backlogs.get_mut(&worker.name) {
+                        Some(before) => Some(std::mem::replace(before, sample.backlog)),
+                        None => {
+                            previous_backlogs.insert(worker.name.clone(), sample.backlog);
+                            None
+                        }
+                    };
+                    Some((worker.name.as_str(), sample.after(previous)))
                 }
-                WorkerAnswer::Unavailable(_) => None,
+                WorkerAnswer::Unavailable(_) => {
+                    previous_backlogs.remove(&worker.name);
+                    None
+                }
             }
         });
         self.history
@@ -292,6 +322,37 @@ mod tests {
         let a = history.answer(&worker(), HistoryRange::FifteenMinutes);
         assert_eq!(a.series.len(), 1);
         assert_eq!(a.series[0].backlog, 1);
+    }
+
+    #[test]
+    fn the_backlogs_falls_become_the_drain_rate_and_a_gap_starts_over() {
+        let view = ClusterView {
+            workers: Some(3),
+            running: Some(3),
+            waiting: Some(0),
+            terminating: Some(0),
+            paused: Some(false),
+        };
+        let (clock, history, recorder) = setup(Arc::new(FixedCluster(view)));
+        let now = Instant::now();
+        // 40, 30, 32, 20 slots two seconds apart: it fell by 10 + 0 + 12 while running 8 s.
+        for (queued, running) in [(28, 12), (18, 12), (20, 12), (8, 12)] {
+            recorder.record_refresh(&snapshot(Some(tasks(queued, running)), now), now);
+            clock.advance(Duration::from_secs(2));
+        }
+        let a = history.answer(&worker(), HistoryRange::FifteenMinutes);
+        assert_eq!(a.series.len(), 1);
+        assert_eq!(
+            a.series[0].drained_per_minute,
+            Some(165.0),
+            "22 slots in 8 s"
+        );
+        // Silent for longer than the staleness limit: the fall across it is not counted.
+        clock.advance(Duration::from_secs(100));
+        recorder.record_refresh(&snapshot(Some(tasks(0, 5)), now), now);
+        let a = history.answer(&worker(), HistoryRange::FifteenMinutes);
+        assert_eq!(a.series.len(), 2);
+        assert_eq!(a.series[1].drained_per_minute, Some(0.0));
     }
 
     #[test]

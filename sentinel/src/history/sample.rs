@@ -2,6 +2,9 @@
 //! its maximum, waiting for capacity, wanting fewer workers than its minimum, a worker running
 //! with other slots than the pool's.
 //!
+//! A fixed-size pool (min = max) is always at its count, so for it "at its maximum" means the
+//! backlog wanted more workers than it has: the time its fixed size held work back.
+//!
 //! Paused time (KEDA's pause annotations, Airflow's maintenance) is nobody's shortfall: it
 //! counts as paused and as none of the other states.
 
@@ -23,6 +26,12 @@ pub struct Sample {
     pub queued: u32,
     /// Running task instances.
     pub running_tasks: u32,
+    /// Task slots of the running task instances (part of `backlog`).
+    pub running_slots: u32,
+    /// How far the backlog fell since the worker's previous sample, while it ran; `None` for
+    /// the first sample after a start or a gap. A lower bound of what drained: work that
+    /// arrived meanwhile hides as much.
+    pub drained: Option<u32>,
     /// Task instances Airflow holds in `scheduled` (0 when not counted): not in `backlog`.
     pub held_tasks: u32,
     pub min_replicas: u32,
@@ -44,6 +53,8 @@ impl Sample {
             backlog: saturate(answer.backlog),
             queued: saturate(answer.queued_tasks),
             running_tasks: saturate(answer.running_tasks),
+            running_slots: saturate(answer.running),
+            drained: None,
             held_tasks: saturate(answer.held_tasks.unwrap_or(0)),
             min_replicas: answer.min_replicas,
             max_replicas: answer.max_replicas,
@@ -59,6 +70,20 @@ impl Sample {
         self
     }
 
+    /// With the backlog of the worker's previous sample (`None` after a start or a gap): how far
+    /// it fell since, counted only while the pool runs.
+    pub fn after(mut self, previous_backlog: Option<u32>) -> Sample {
+        self.drained = previous_backlog
+            .filter(|_| self.is_running())
+            .map(|before| before.saturating_sub(self.backlog));
+        self
+    }
+
+    /// Min = max: the autoscaler never changes its count.
+    pub fn is_fixed_size(&self) -> bool {
+        self.min_replicas == self.max_replicas
+    }
+
     /// The pool is doing something: a worker runs, or (without pod data) workers are set or
     /// wanted. A pool at 0 with nothing to do is not running.
     pub fn is_running(&self) -> bool {
@@ -72,10 +97,17 @@ impl Sample {
     }
 
     /// The count the autoscaler set equals the maximum; without that count, what the Sentinel
-    /// asks for does. A pool whose maximum is 0 is switched off, not held back.
+    /// asks for does. A pool whose maximum is 0 is switched off, not held back. A fixed-size
+    /// pool is at its maximum when the backlog wanted more workers than it has.
     pub fn at_maximum(&self) -> bool {
+        if self.paused || self.max_replicas == 0 {
+            return false;
+        }
+        if self.is_fixed_size() {
+            return self.wanted > self.max_replicas;
+        }
         let count = self.cluster.workers.unwrap_or(self.desired_replicas);
-        !self.paused && self.max_replicas > 0 && count == self.max_replicas
+        count == self.max_replicas
     }
 
     /// Some worker waits for room on the cluster; `None` when nothing reports pending pods.
@@ -121,6 +153,8 @@ pub(crate) mod tests {
             backlog,
             queued: backlog / 2,
             running_tasks: backlog - backlog / 2,
+            running_slots: backlog - backlog / 2,
+            drained: None,
             held_tasks: 0,
             min_replicas: min,
             max_replicas: max,
@@ -239,8 +273,8 @@ pub(crate) mod tests {
             "wanted is ceil(70 slots / 4), not clamped"
         );
         assert_eq!(
-            (s.queued, s.running_tasks, s.backlog),
-            (30, 10, 70),
+            (s.queued, s.running_tasks, s.backlog, s.running_slots),
+            (30, 10, 70, 10),
             "task counts beside the backlog in slots"
         );
     }
@@ -281,6 +315,30 @@ pub(crate) mod tests {
         let mut off = sample(0);
         (off.min_replicas, off.max_replicas, off.desired_replicas) = (0, 0, 0);
         assert!(!off.at_maximum());
+    }
+
+    #[test]
+    fn a_fixed_size_pool_is_at_its_maximum_only_when_the_backlog_wants_more() {
+        let fixed = |backlog| {
+            let mut s = with_cluster(sample(backlog), 5, 5, 0);
+            s.min_replicas = 5;
+            s
+        };
+        assert!(fixed(20).is_fixed_size());
+        assert!(!fixed(20).at_maximum(), "5 wanted of 5: enough");
+        assert!(fixed(21).at_maximum(), "6 wanted of 5");
+        assert!(!fixed(0).at_maximum());
+        assert!(with_cluster(sample(0), 5, 5, 0).at_maximum(), "1..5 at 5");
+    }
+
+    #[test]
+    fn drained_is_the_backlogs_fall_while_running() {
+        let running = |backlog| with_cluster(sample(backlog), 2, 2, 0);
+        assert_eq!(running(6).after(None).drained, None, "no previous sample");
+        assert_eq!(running(6).after(Some(10)).drained, Some(4));
+        assert_eq!(running(12).after(Some(10)).drained, Some(0), "it grew");
+        let idle = with_cluster(sample(0), 0, 0, 0);
+        assert_eq!(idle.after(Some(3)).drained, None, "nothing ran");
     }
 
     #[test]

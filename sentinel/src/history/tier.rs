@@ -37,6 +37,9 @@ pub const COARSE: TierSpec = TierSpec {
 };
 pub const TIERS: [TierSpec; 3] = [FINE, MINUTE, COARSE];
 
+/// `busy_slot_ms` of a bucket that did not count it.
+pub const UNKNOWN_SLOT_MS: u64 = u64::MAX;
+
 /// A line that may have no source (the Kubernetes side): `u32::MAX` stands for "unknown", so
 /// the four such lines cost 16 bytes a bucket rather than 32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +131,12 @@ pub struct Bucket {
     pub drift_slots: MaybeCount,
     /// Time with tasks held in `scheduled` by Airflow while below the maximum.
     pub held_back_ms: u32,
+    /// The backlog's falls between refreshes while the pool ran, summed (task slots); unknown
+    /// in buckets loaded from a file of format 2, which did not count them.
+    pub drained: MaybeCount,
+    /// Σ running task slots × time, outside paused time: how much of the pool's slots ran
+    /// tasks. [`UNKNOWN_SLOT_MS`] in buckets loaded from a file of format 2.
+    pub busy_slot_ms: u64,
     pub peak: Peaks,
     /// The worker's range and slots at the bucket's last sample.
     pub min_replicas: u32,
@@ -148,6 +157,8 @@ impl Bucket {
             slot_drift_ms: 0,
             drift_slots: MaybeCount::UNKNOWN,
             held_back_ms: 0,
+            drained: MaybeCount::new(Some(0)),
+            busy_slot_ms: 0,
             peak: Peaks::of(s),
             min_replicas: s.min_replicas,
             max_replicas: s.max_replicas,
@@ -176,6 +187,16 @@ impl Bucket {
         if let Some(slots) = s.slot_drift {
             self.drift_slots = MaybeCount::new(Some(slots));
         }
+        if let (Some(total), Some(fell)) = (self.drained.get(), s.drained) {
+            self.drained = MaybeCount::new(Some(total.saturating_add(fell)));
+        }
+        if self.busy_slot_ms != UNKNOWN_SLOT_MS && !s.paused {
+            let busy = u64::from(s.running_slots) * u64::from(weight_ms);
+            self.busy_slot_ms = self
+                .busy_slot_ms
+                .saturating_add(busy)
+                .min(UNKNOWN_SLOT_MS - 1);
+        }
         self.peak.merge(&Peaks::of(s));
         self.min_replicas = s.min_replicas;
         self.max_replicas = s.max_replicas;
@@ -190,6 +211,11 @@ pub struct Tier {
 }
 
 impl Tier {
+    /// A tier of `buckets` read from a file (checked with [`Tier::fits`] afterwards).
+    pub fn from_buckets(buckets: VecDeque<Bucket>) -> Tier {
+        Tier { buckets }
+    }
+
     /// Adds `sample`, which stands for `weight_ms` of time, to the bucket holding `at_ms`.
     pub fn add(&mut self, spec: TierSpec, at_ms: u64, sample: &Sample, weight_ms: u32) {
         let width = u64::from(spec.width_s);
@@ -291,6 +317,33 @@ mod tests {
         assert_eq!(
             (b.paused_ms, b.slot_drift_ms, b.drift_slots.get()),
             (0, 0, None)
+        );
+        // 10 running slots for 2 s, 2 for 2 s, 4 for 2 s.
+        assert_eq!(b.busy_slot_ms, (10 + 2 + 4) * 2000);
+        assert_eq!(
+            b.drained.get(),
+            Some(0),
+            "no sample knew its previous backlog"
+        );
+    }
+
+    #[test]
+    fn drained_adds_the_falls_and_busy_time_leaves_paused_time_out() {
+        let mut tier = Tier::default();
+        let running = |backlog| with_cluster(sample(backlog), 3, 3, 0);
+        tier.add(FINE, T0_MS, &running(12).after(None), 2000);
+        tier.add(FINE, T0_MS + 2000, &running(8).after(Some(12)), 2000);
+        tier.add(FINE, T0_MS + 4000, &running(9).after(Some(8)), 2000);
+        tier.add(FINE, T0_MS + 6000, &running(5).after(Some(9)), 2000);
+        let mut paused = running(4);
+        paused.paused = true;
+        tier.add(FINE, T0_MS + 8000, &paused, 2000);
+        let b = tier.window(0, u64::MAX).next().unwrap();
+        assert_eq!(b.drained.get(), Some(8), "12 to 8, 8 to 9, 9 to 5");
+        assert_eq!(
+            b.busy_slot_ms,
+            (6 + 4 + 5 + 3) * 2000,
+            "the paused sample left out"
         );
     }
 

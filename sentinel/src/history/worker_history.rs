@@ -23,6 +23,19 @@ pub struct RangeWindow<'a> {
 }
 
 impl WorkerHistory {
+    /// A history read from a file of an earlier format (checked with [`WorkerHistory::fits`]).
+    pub fn from_parts(
+        tiers: [Tier; 3],
+        decisions: DecisionLog,
+        first_sample_ms: Option<u64>,
+    ) -> WorkerHistory {
+        WorkerHistory {
+            tiers,
+            decisions,
+            first_sample_ms,
+        }
+    }
+
     /// Records `sample`, taken at `at_ms` and standing for `weight_ms` of time.
     pub fn record(
         &mut self,
@@ -113,7 +126,7 @@ mod tests {
 
     fn kinds(h: &WorkerHistory, range: HistoryRange) -> Vec<FindingKind> {
         let w = h.window(range, NOW_MS);
-        findings(&RangeTotals::of(w.buckets), range, None)
+        findings(&RangeTotals::of(w.buckets), range, None, None)
             .iter()
             .map(|f| f.kind)
             .collect()
@@ -144,7 +157,7 @@ mod tests {
                 let w = h.window(range, NOW_MS);
                 let t = RangeTotals::of(w.buckets);
                 assert_eq!(t.at_maximum_ms, at_max_ms, "{}", range.as_str());
-                let f = findings(&t, range, None);
+                let f = findings(&t, range, None, None);
                 assert_eq!(f[0].kind, expected, "{} at {at_max_ms} ms", range.as_str());
                 if expected == FindingKind::AtMaximum {
                     assert!(f[0]

@@ -10,6 +10,7 @@
 //! | `/ui`            | 308 to `/ui/`, so that the page's relative URLs resolve   |
 //! | `/ui/`           | `index.html`                                              |
 //! | `/ui/app.js`     | the script                                                |
+//! | `/ui/duration.js`| how the page writes durations (the findings' rule)        |
 //! | `/ui/app.css`    | the style sheet                                           |
 //! | other `/ui/...`  | none here: the caller answers 404                         |
 //!
@@ -40,7 +41,7 @@ struct Asset {
     body: &'static [u8],
 }
 
-const ASSETS: [Asset; 3] = [
+const ASSETS: [Asset; 4] = [
     Asset {
         name: "",
         content_type: "text/html; charset=utf-8",
@@ -50,6 +51,11 @@ const ASSETS: [Asset; 3] = [
         name: "app.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_bytes!("../../ui/app.js"),
+    },
+    Asset {
+        name: "duration.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../../ui/duration.js"),
     },
     Asset {
         name: "app.css",
@@ -100,8 +106,8 @@ pub fn answer(path: &str, if_none_match: Option<&[u8]>) -> Option<Response<Body>
 }
 
 /// One strong ETag per asset, in [`ASSETS`] order, computed once.
-fn etags() -> &'static [String; 3] {
-    static ETAGS: OnceLock<[String; 3]> = OnceLock::new();
+fn etags() -> &'static [String; 4] {
+    static ETAGS: OnceLock<[String; 4]> = OnceLock::new();
     ETAGS.get_or_init(|| {
         ASSETS.each_ref().map(|a| {
             let hash = Sha256::digest(a.body);
@@ -142,6 +148,11 @@ mod tests {
                 "\"use strict\"",
             ),
             ("/ui/app.css", "text/css; charset=utf-8", ".card"),
+            (
+                "/ui/duration.js",
+                "text/javascript; charset=utf-8",
+                "function humanDuration",
+            ),
         ] {
             let r = answer(path, None).unwrap_or_else(|| panic!("{path} not served"));
             assert_eq!(r.status(), StatusCode::OK, "{path}");

@@ -11,6 +11,12 @@
 //! that leaves the list while a queue is read can shift another past a page boundary; ids are
 //! de-duplicated, so nothing is counted twice, and the next refresh reads it again.
 //!
+//! Executor callbacks: one more request per refresh, for all queues at once, lists the queued
+//! and running ones (the edge3 provider's `GET /edge_worker/ui/jobs`); each is added to its
+//! queue as one task of one slot. When that list does not answer, no queue is answered that
+//! refresh (a backlog without its callbacks would be made up); when the credentials may not
+//! read it (403), the task instances alone are counted and the log says so.
+//!
 //! Queues are read concurrently, a few at a time, so that 50 queues do not take 50 round trips
 //! in a row nor hit Airflow all at once.
 //!
@@ -22,6 +28,7 @@
 //! staleness limit above it: values are dated from the start of the read).
 
 use crate::sources::{BacklogSource, QueueBacklog, QueueOutcome};
+use airflow::edge_callback_jobs::{CallbackCount, QueueCallbacks};
 use airflow::edge_worker_list::ListedEdgeWorker;
 use airflow::rest_api::{ListedTaskInstance, RestApiClient, RestCredentials, TaskInstancePage};
 use airflow::trusted_ca::TrustedCa;
@@ -29,6 +36,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use prometheus::IntCounter;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 use url::Url;
@@ -45,6 +53,8 @@ pub struct AirflowApiSource {
     /// Counts every count request sent (logins are the client's business and not counted).
     requests: IntCounter,
     budget: Duration,
+    /// Whether the warning that callbacks cannot be counted has been given (once per spell).
+    callbacks_forbidden: AtomicBool,
 }
 
 impl AirflowApiSource {
@@ -65,6 +75,7 @@ impl AirflowApiSource {
             client,
             requests,
             budget: REFRESH_BUDGET,
+            callbacks_forbidden: AtomicBool::new(false),
         })
     }
 
@@ -98,6 +109,31 @@ impl AirflowApiSource {
             .await
             .map(|n| (queue.to_string(), n))
             .map_err(|e| format!("scheduled task instances on {queue}: {e}"))
+    }
+
+    /// Queued and running executor callbacks by queue (none: an empty map), or why not.
+    async fn callbacks(
+        &self,
+        progress: &Progress,
+    ) -> Result<HashMap<String, QueueCallbacks>, String> {
+        self.requests.inc();
+        let answer = self.client.callbacks_by_queue().await;
+        progress.answered();
+        match answer {
+            Ok(CallbackCount::Counted(callbacks)) => {
+                self.callbacks_forbidden.store(false, Ordering::Relaxed);
+                Ok(callbacks)
+            }
+            Ok(CallbackCount::Forbidden(why)) => {
+                if !self.callbacks_forbidden.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the backlog counts task instances without executor callbacks: {why}"
+                    );
+                }
+                Ok(HashMap::new())
+            }
+            Err(e) => Err(format!("executor callbacks: {e}")),
+        }
     }
 
     async fn labelled(&self, queue: &str, progress: &Progress) -> (String, QueueOutcome) {
@@ -290,20 +326,40 @@ impl BacklogSource for AirflowApiSource {
                 .iter()
                 .map(|queue| self.labelled(queue, &progress))
                 .collect();
-            let mut answered: HashMap<String, QueueOutcome> = futures_util::stream::iter(calls)
+            let silence = || {
+                format!(
+                    "no answer from the api-server for the refresh budget of {}",
+                    humantime::format_duration(self.budget)
+                )
+            };
+            let read_at = SystemTime::now();
+            let callbacks = async {
+                tokio::select! {
+                    read = self.callbacks(&progress) => read,
+                    _ = progress.silent_for(self.budget) => Err(silence()),
+                }
+            };
+            let tasks = futures_util::stream::iter(calls)
                 .buffer_unordered(CONCURRENT_QUEUES)
                 .take_until(progress.silent_for(self.budget))
-                .collect()
-                .await;
+                .collect::<HashMap<String, QueueOutcome>>();
+            let (callbacks, mut answered) = tokio::join!(callbacks, tasks);
             queues
                 .iter()
                 .map(|q| {
-                    let outcome = answered.remove(q).unwrap_or_else(|| {
-                        Err(format!(
-                            "no answer from the api-server for the refresh budget of {}",
-                            humantime::format_duration(self.budget)
-                        ))
-                    });
+                    let outcome = answered.remove(q).unwrap_or_else(|| Err(silence()));
+                    let outcome = match &callbacks {
+                        Ok(callbacks) => outcome.map(|tasks| match callbacks.get(q) {
+                            Some(c) => tasks.with_callbacks(
+                                c.queued,
+                                c.running,
+                                c.oldest_queued
+                                    .map(|at| read_at.duration_since(at).unwrap_or_default()),
+                            ),
+                            None => tasks,
+                        }),
+                        Err(e) => outcome.and(Err(e.clone())),
+                    };
                     (q.clone(), outcome)
                 })
                 .collect()

@@ -2,6 +2,11 @@
 //! and running task instances — as tasks, as task slots (Σ `pool_slots`), and how long the
 //! oldest queued one has waited — or, per queue, why it could not.
 //!
+//! Executor callbacks (Airflow 3.3 with edge3 5.x) are in the backlog as the Edge executor
+//! counts them: each one job of one slot, queued then running, on `[operators] default_queue`
+//! (see [`airflow::edge_callback_jobs`]); a source that cannot read them says so in its log and
+//! counts the task instances alone.
+//!
 //! Two implementations: [`airflow_api`] (Airflow's REST API, listing the
 //! queue's queued and running task instances page by page) and [`postgres`]
 //! (one `GROUP BY` over the metadata database for all queues at once). The refresh loop calls
@@ -32,6 +37,23 @@ pub struct QueueBacklog {
 }
 
 impl QueueBacklog {
+    /// This backlog plus `callbacks` executor callbacks (one task and one slot each), the
+    /// longest-waiting of the queued ones having waited `oldest_queued_age`.
+    pub fn with_callbacks(
+        self,
+        queued: u64,
+        running: u64,
+        oldest_queued_age: Option<Duration>,
+    ) -> Self {
+        QueueBacklog {
+            queued_tasks: self.queued_tasks + queued,
+            running_tasks: self.running_tasks + running,
+            queued_slots: self.queued_slots + queued,
+            running_slots: self.running_slots + running,
+            oldest_queued_age: self.oldest_queued_age.max(oldest_queued_age),
+        }
+    }
+
     /// `queued` and `running` task instances of one pool slot each, none queued long enough to
     /// have an age: the backlog the tests feed the Sentinel's views with.
     pub fn one_slot_tasks(queued: u64, running: u64) -> Self {

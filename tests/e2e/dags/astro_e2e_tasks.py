@@ -13,8 +13,10 @@ One DAG per file keeps the per-task parse cost on the worker small.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
+from pathlib import Path
 
 from airflow.sdk import DAG, get_current_context, task
 
@@ -55,10 +57,35 @@ def big_logger(lines: int) -> None:
     print("astro-e2e end of big log", flush=True)
 
 
-def e2e_dag(dag_id: str, queue: str, max_active_tasks: int, schedule=None) -> DAG:
-    """An empty DAG with the common settings (no schedule unless given); use it as a context
-    manager."""
+#: Where ``callback_marker`` leaves its files, under the worker's AIRFLOW_HOME.
+CALLBACK_FOLDER = "astro-e2e-callbacks"
+#: How long ``callback_marker`` waits for its release before it fails.
+CALLBACK_HOLD_LIMIT = 300.0
+
+
+def callback_marker(context) -> None:
+    """An executor callback (a deadline alert's ``SyncCallback``): prints the marker, writes
+    ``<AIRFLOW_HOME>/astro-e2e-callbacks/<run_id>.started``, stays running until the test writes
+    ``<run_id>.release`` next to it (so its running state can be counted), then writes
+    ``<run_id>.done``. ``context`` is what the scheduler sends along (the DAG run, the deadline)."""
+    run_id = context["dag_run"]["dag_run_id"]
+    folder = Path(os.environ["AIRFLOW_HOME"]) / CALLBACK_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"{MARKER} callback run={run_id} pid={os.getpid()}", flush=True)
+    (folder / f"{run_id}.started").write_text(str(os.getpid()))
+    give_up = time.monotonic() + CALLBACK_HOLD_LIMIT
+    while not (folder / f"{run_id}.release").exists():
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"no {run_id}.release in {folder} after {CALLBACK_HOLD_LIMIT} s")
+        time.sleep(0.1)
+    (folder / f"{run_id}.done").write_text(str(os.getpid()))
+
+
+def e2e_dag(dag_id: str, queue: str, max_active_tasks: int, schedule=None, **more) -> DAG:
+    """An empty DAG with the common settings (no schedule unless given; ``more`` goes to the
+    DAG as it is); use it as a context manager."""
     return DAG(
+        **more,
         dag_id=dag_id,
         schedule=schedule,
         start_date=datetime(2024, 1, 1),

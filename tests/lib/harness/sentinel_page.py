@@ -49,6 +49,16 @@ def loaded_range(driver, wanted: str):
     return int(dialog.get_attribute("data-history-status"))
 
 
+def opened(driver):
+    """The history dialog once the range it opened on is on screen: ``(range, status)``, else
+    False. The page opens on the shortest range that holds the recording (a day at most)."""
+    dialog = by_id(driver, "history")
+    loaded = dialog.get_attribute("data-loaded-range")
+    if not loaded:
+        return False
+    return loaded, int(dialog.get_attribute("data-history-status"))
+
+
 def save(driver, folder: Path, name: str) -> Path:
     path = folder / name
     assert driver.save_screenshot(str(path)), f"no screenshot {path}"

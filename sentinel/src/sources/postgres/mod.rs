@@ -2,9 +2,14 @@
 //! refresh, for all queues at once — the cheap path at scale. The same query counts tasks,
 //! sums their `pool_slots` and finds the oldest `queued_dttm`.
 //!
-//! Give the Sentinel a read-only role (`GRANT SELECT ON task_instance, edge_worker`). The connection is
-//! opened lazily and reopened on the next refresh after any failure; the statement is
-//! prepared once per connection, so each refresh is a single round trip.
+//! Executor callbacks (Airflow 3.3 with edge3 5.x) are Edge jobs, not task instances: the same
+//! query adds the queued and running ones from the provider's `edge_job` table, each one task
+//! of one slot (see [`airflow::edge_callback_jobs`]). A role that may not read `edge_job`, or a
+//! database without it, gets the task instances alone, and the log says so once per connection.
+//!
+//! Give the Sentinel a read-only role (`GRANT SELECT ON task_instance, edge_job, edge_worker`).
+//! The connection is opened lazily and reopened on the next refresh after any failure; the
+//! statement is prepared once per connection, so each refresh is a single round trip.
 
 pub mod connection_url;
 mod tls;
@@ -34,6 +39,31 @@ const BACKLOG_SQL: &str = "SELECT queue, \
      FROM task_instance \
      WHERE state IN ('queued', 'running') AND queue = ANY($1::text[]) \
      GROUP BY queue";
+
+/// [`BACKLOG_SQL`] with the executor callbacks on the same queues: `edge_job` rows with the
+/// whole identity the Edge executor gives a callback, one slot each.
+const BACKLOG_WITH_CALLBACKS_SQL: &str = "SELECT queue, \
+     count(*) FILTER (WHERE state = 'queued'), \
+     count(*) FILTER (WHERE state = 'running'), \
+     coalesce(sum(slots) FILTER (WHERE state = 'queued'), 0)::bigint, \
+     coalesce(sum(slots) FILTER (WHERE state = 'running'), 0)::bigint, \
+     extract(epoch FROM now() - min(queued_dttm) FILTER (WHERE state = 'queued'))::float8 \
+     FROM ( \
+       SELECT queue, state, greatest(pool_slots, 1) AS slots, queued_dttm \
+       FROM task_instance \
+       WHERE state IN ('queued', 'running') AND queue = ANY($1::text[]) \
+       UNION ALL \
+       SELECT queue, state, 1, queued_dttm \
+       FROM edge_job \
+       WHERE dag_id = 'ExecuteCallback' AND run_id = 'ExecuteCallback-' || task_id \
+         AND try_number = 0 AND map_index = -1 \
+         AND state IN ('queued', 'running') AND queue = ANY($1::text[]) \
+     ) AS backlog \
+     GROUP BY queue";
+
+/// Whether this role may read the provider's `edge_job` table (NULL: there is no such table).
+const EDGE_JOB_READABLE_SQL: &str = "SELECT CASE WHEN to_regclass('edge_job') IS NULL THEN NULL \
+     ELSE has_table_privilege('edge_job', 'SELECT') END";
 
 /// Task instances held in `scheduled` on the given queues (queues with none return no row).
 const HELD_SQL: &str = "SELECT queue, count(*) \
@@ -78,6 +108,7 @@ pub struct PostgresSource {
 
 struct Connection {
     client: Client,
+    /// The backlog query: with the executor callbacks when `edge_job` can be read.
     statement: Statement,
     running_slots: Statement,
     held: Statement,
@@ -136,7 +167,24 @@ impl PostgresSource {
                 client
             }
         };
-        let statement = client.prepare(BACKLOG_SQL).await.map_err(describe)?;
+        let edge_job_readable: Option<bool> = client
+            .query_one(EDGE_JOB_READABLE_SQL, &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(describe)?;
+        let statement = if edge_job_readable == Some(true) {
+            client
+                .prepare(BACKLOG_WITH_CALLBACKS_SQL)
+                .await
+                .map_err(describe)?
+        } else {
+            let why = match edge_job_readable {
+                Some(_) => "this role may not read the table edge_job (GRANT SELECT ON edge_job)",
+                None => "the database has no edge_job table (no Edge provider)",
+            };
+            tracing::warn!("the backlog counts task instances without executor callbacks: {why}");
+            client.prepare(BACKLOG_SQL).await.map_err(describe)?
+        };
         let running_slots = client.prepare(RUNNING_SLOTS_SQL).await.map_err(describe)?;
         let held = client.prepare(HELD_SQL).await.map_err(describe)?;
         let first_starts = client.prepare(FIRST_STARTS_SQL).await.map_err(describe);
