@@ -49,7 +49,7 @@ ROOT = HERE.parents[1]
 
 # Test files that run first, longest first: the stage lasts as long as its longest process.
 FIRST = ("test_keda_scaling.py", "test_hpa_path.py", "test_scale_in_idle_first.py", "test_pool_alerts.py",
-         "test_chaos_sentinel.py", "test_chaos_upgrade.py", "test_chaos_drain.py", "test_chaos_slow_airflow.py")
+         "test_chaos_upgrade.py", "test_chaos_drain.py", "test_chaos_slow_airflow.py")
 # Test files that share cluster-wide state, by the name of what they share: the HPA path's stacks
 # register the one custom.metrics.k8s.io APIService.
 TOGETHER = {"test_hpa_path.py": "custom-metrics-apiservice", "test_hpa_stack.py": "custom-metrics-apiservice"}

@@ -36,6 +36,10 @@ TASKS = 30
 STORAGE_CLASS = "astro-chaos-history"  # no provisioner: the test's own PersistentVolume serves it
 SENTINEL_PODS = "app.kubernetes.io/component=sentinel"
 
+# Passed on its own and failed once among the parallel scenarios (cause not yet read): it runs in
+# the quiet phase after them until that is understood.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture(scope="module")
 def chaos(cluster, nodes, keda, airflow, release_factory):
