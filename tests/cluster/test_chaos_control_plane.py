@@ -28,6 +28,7 @@ from harness.procs import wait_for
 from conftest import chart_values
 from infra import outage
 from infra.drain_check import assert_drained
+from infra.task_counts import assert_all_succeeded
 from infra.kube import PodRecorder, ReplicaTimeline, condition
 
 pytestmark = pytest.mark.alone
@@ -141,10 +142,7 @@ class _Burst:
         self.mark(f"run {state}")
         self.pods.wait_for_deletions(GRACE_SECONDS + 30)
         tis = self.airflow.client.task_instances(DAG, self.run_id)
-        succeeded = sum(t["state"] == "success" for t in tis)
-        failed = sum(t["state"] in ("failed", "upstream_failed") for t in tis)
-        print(f"tasks submitted {TASKS}, succeeded {succeeded}, failed {failed}, lost {TASKS - succeeded - failed}")
-        assert (len(tis), succeeded, failed) == (TASKS, TASKS, 0), [(t["task_id"], t["state"]) for t in tis]
+        assert_all_succeeded(tis, TASKS)
         return tis
 
     def __exit__(self, *exc) -> None:

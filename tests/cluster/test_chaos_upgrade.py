@@ -19,6 +19,7 @@ from harness.procs import wait_for
 
 from conftest import chart_values
 from infra.drain_check import assert_drained
+from infra.task_counts import assert_all_succeeded
 from infra.kube import PodRecorder, ReplicaTimeline, condition
 
 NAMESPACE = "astro-upgrade"
@@ -90,10 +91,7 @@ def test_a_syncslots_upgrade_rolls_busy_workers_and_each_drains(upgrade, cluster
         print(f"\n{POOL} timeline:\n{timeline.table()}")
 
     tis = airflow.client.task_instances(DAG, run_id)
-    succeeded = sum(t["state"] == "success" for t in tis)
-    failed = sum(t["state"] in ("failed", "upstream_failed") for t in tis)
-    print(f"tasks submitted {TASKS}, succeeded {succeeded}, failed {failed}, lost {TASKS - succeeded - failed}")
-    assert (len(tis), succeeded, failed) == (TASKS, TASKS, 0), [(t["task_id"], t["state"]) for t in tis]
+    assert_all_succeeded(tis, TASKS)
     assert state == "success"
 
     stories = pods.snapshot()
