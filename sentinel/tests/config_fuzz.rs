@@ -37,6 +37,7 @@ const KEYS: &[&str] = &[
     "kubernetes",
     "namespace",
     "idleFirstScaleIn",
+    "workerLabels",
     "history",
     "path",
 ];
@@ -225,6 +226,13 @@ fn file_shaped() -> impl Strategy<Value = Value> {
                 (
                     "idleFirstScaleIn",
                     any::<bool>().prop_map(Value::Bool).boxed(),
+                ),
+                (
+                    "workerLabels",
+                    some_of(vec![
+                        ("component", pick(&["worker", "", "two words", "-x"])),
+                        ("example.com/tier", word()),
+                    ]),
                 ),
             ]),
         ),

@@ -10,6 +10,7 @@ import yaml
 
 from conftest import (
     NAMESPACE,
+    RELEASE,
     VALID_SCENARIOS,
     chart_defaults,
     container,
@@ -198,7 +199,16 @@ def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
     # namespaced Role that reads the workers (and sets their pod-deletion cost).
     assert spec["automountServiceAccountToken"] is True
     assert not r.all("ClusterRole") and not r.all("ClusterRoleBinding") and not r.all("ClusterTriggerAuthentication")
-    assert config["kubernetes"] == {"namespace": NAMESPACE, "idleFirstScaleIn": True}
+    worker_labels = {"app": "astro-agent", "component": "worker", "app.kubernetes.io/instance": RELEASE}
+    assert config["kubernetes"] == {"namespace": NAMESPACE, "idleFirstScaleIn": True, "workerLabels": worker_labels}
+    # The Sentinel's watches select on these labels: every object it reads must carry them.
+    for kind in ("Deployment", "ScaledObject"):
+        for obj in r.all(kind):
+            if obj["metadata"]["name"] == "astro-sentinel":
+                continue
+            assert worker_labels.items() <= obj["metadata"]["labels"].items(), obj["metadata"]["name"]
+            if kind == "Deployment":
+                assert worker_labels.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
     role = r.get("Role", "astro-sentinel")
     assert role["rules"] == [
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},

@@ -81,7 +81,10 @@ is listed: the KEDA-scaled ones, which KEDA reads from the Sentinel, and the HPA
 {{- end -}}
 {{- $_ := set $config "queueEvents" $events -}}
 {{- if $s.kubernetes.enabled -}}
-{{- $_ := set $config "kubernetes" (dict "namespace" .Release.Namespace "idleFirstScaleIn" $s.kubernetes.idleFirstScaleIn) -}}
+{{- /* The labels every worker Deployment, Pod and ScaledObject of this release carries (each
+       worker's selector without its deploymentName): the Sentinel watches only those. */ -}}
+{{- $workerLabels := omit (include "astro-agent.workerSelectorMap" (dict "ctx" . "w" dict) | fromJson) "deploymentName" -}}
+{{- $_ := set $config "kubernetes" (dict "namespace" .Release.Namespace "idleFirstScaleIn" $s.kubernetes.idleFirstScaleIn "workerLabels" $workerLabels) -}}
 {{- if $s.kubernetes.userAccess }}{{ $_ := set $auth "kubernetesUsers" dict }}{{ end -}}
 {{- end -}}
 {{- with include "astro-agent.sentinelHistoryVolume" . -}}

@@ -440,10 +440,12 @@ fn start_pool_view(
     let watch = Arc::new(WorkloadWatch::start(
         client.clone(),
         &k8s.namespace,
+        &k8s.worker_labels,
         shared.cold_starts.clone(),
+        shared.metrics.watch_cached_objects.clone(),
         tasks.shutdown.clone(),
     ));
-    tracing::info!(namespace = %k8s.namespace, idle_first_scale_in = k8s.idle_first_scale_in, "watching worker Deployments and pods");
+    tracing::info!(namespace = %k8s.namespace, worker_labels = ?k8s.worker_labels, idle_first_scale_in = k8s.idle_first_scale_in, "watching worker Deployments and pods");
     if k8s.idle_first_scale_in {
         let costs = DeletionCostLoop {
             source: shared.source.clone(),

@@ -7,10 +7,11 @@
 
 use super::pre_warm::{self, PreWarmConfig, RawPreWarm, RawSchedule, ScheduleConfig};
 use super::queue_events::{validate_queue_events, QueueEventsConfig, RawQueueEvents};
+use super::worker_labels::validate_worker_labels;
 use super::ConfigError;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -66,6 +67,9 @@ pub struct KubernetesConfig {
     /// Keep each worker pod's `controller.kubernetes.io/pod-deletion-cost` equal to the task
     /// slots it runs, so that a scale-in removes idle pods first.
     pub idle_first_scale_in: bool,
+    /// Labels every worker Deployment, Pod and ScaledObject carries: the watches select on
+    /// them; empty selects everything in the namespace.
+    pub worker_labels: BTreeMap<String, String>,
 }
 
 /// Where backlog counts come from.
@@ -208,6 +212,8 @@ struct RawKubernetes {
     namespace: Option<String>,
     #[serde(default)]
     idle_first_scale_in: bool,
+    #[serde(default)]
+    worker_labels: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -406,6 +412,7 @@ fn validate_kubernetes(raw: RawKubernetes) -> Result<KubernetesConfig, ConfigErr
     Ok(KubernetesConfig {
         namespace,
         idle_first_scale_in: raw.idle_first_scale_in,
+        worker_labels: validate_worker_labels(raw.worker_labels)?,
     })
 }
 
@@ -703,8 +710,29 @@ auth:
             c.kubernetes,
             Some(KubernetesConfig {
                 namespace: "airflow-workers".into(),
-                idle_first_scale_in: true
+                idle_first_scale_in: true,
+                worker_labels: BTreeMap::new(),
             })
+        );
+        let selected = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: a\n  workerLabels: {{component: worker, app.kubernetes.io/instance: r}}\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            selected.kubernetes.unwrap().worker_labels,
+            BTreeMap::from([
+                ("app.kubernetes.io/instance".to_string(), "r".to_string()),
+                ("component".to_string(), "worker".to_string()),
+            ])
+        );
+        let bad_label = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: a\n  workerLabels: {{component: 'two words'}}\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(
+            bad_label.starts_with("kubernetes.workerLabels.component:"),
+            "{bad_label}"
         );
         assert_eq!(Config::parse(BASE).unwrap().kubernetes, None);
         let missing = Config::parse(&format!("{BASE}kubernetes:\n  idleFirstScaleIn: true\n"))

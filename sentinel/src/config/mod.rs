@@ -9,6 +9,7 @@ pub mod flags;
 pub mod pre_warm;
 pub mod queue_events;
 pub mod reload;
+pub mod worker_labels;
 
 /// A configuration problem, described in one line that names the worker and/or field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

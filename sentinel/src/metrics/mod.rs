@@ -34,6 +34,8 @@ pub struct Metrics {
     pub token_reviews_skipped: IntCounterVec,
     pub access_reviews: IntCounterVec,
     pub pod_deletion_cost_patches: IntCounterVec,
+    /// Objects the workload watch holds, by kind (Deployment, Pod, ScaledObject).
+    pub watch_cached_objects: IntGaugeVec,
     pub cold_starts: ColdStartHistograms,
     pub queue_events: QueueEventMetrics,
     /// The configuration in force: 1 at start, one more for each change of the file applied.
@@ -181,6 +183,12 @@ impl Metrics {
                 "astro_sentinel_pod_deletion_cost_patches_total",
                 "Worker pods whose pod-deletion-cost annotation was set to their running task slots, by outcome.",
                 &["outcome"],
+            ),
+            watch_cached_objects: gauge_vec(
+                &r,
+                "astro_sentinel_watch_cached_objects",
+                "Objects the watches of the workers' namespace hold in memory, by kind (only those with kubernetes.workerLabels when set).",
+                &["kind"],
             ),
             queue_task_instances: gauge_vec(
                 &r,

@@ -18,6 +18,7 @@ mod edge_worker_census;
 mod kubernetes_pool_view;
 mod pod_state;
 mod scaled_object;
+mod trimmed_objects;
 mod workload_watch;
 
 pub use cluster_view::{ClusterSource, ClusterView, NoClusterSource, WorkerSlots};

@@ -10,6 +10,8 @@ use std::borrow::Cow;
 
 const PAUSED_REPLICAS: &str = "autoscaling.keda.sh/paused-replicas";
 const PAUSED: &str = "autoscaling.keda.sh/paused";
+/// The annotations [`ScaledObject::paused`] reads: all a watch needs to keep.
+pub const PAUSE_ANNOTATIONS: [&str; 2] = [PAUSED_REPLICAS, PAUSED];
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ScaledObject {

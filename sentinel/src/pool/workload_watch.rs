@@ -6,18 +6,26 @@
 //! server is unreachable; until a first list has completed, or while the watch is failing, the
 //! view is unknown rather than a count of what happens to be cached. The ScaledObjects only say
 //! whether a pool is paused: without KEDA (or the permission to read them) that alone is unknown.
+//!
+//! With `kubernetes.workerLabels` the API server sends only the workers' objects, and each is
+//! [trimmed](super::trimmed_objects) on arrival: a namespace shared with Airflow's own Pods
+//! costs the Sentinel nothing for them.
 
 use super::cluster_view::{ClusterSource, ClusterView};
 use super::cold_start::watch_events::{deployment_event, pod_event};
 use super::cold_start::ColdStarts;
 use super::pod_state::{pod_state, selects, PodState};
-use super::scaled_object::ScaledObject;
+use super::scaled_object::{ScaledObject, PAUSE_ANNOTATIONS};
+use super::trimmed_objects::{trim_deployment, trim_metadata, trim_pod};
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::Selector;
 use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use prometheus::IntGaugeVec;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -33,28 +41,42 @@ pub struct WorkloadWatch {
 }
 
 impl WorkloadWatch {
-    /// Starts both watches, which also time the workers' cold starts in `cold_starts`; they
-    /// run until `shutdown` is cancelled.
+    /// Starts the watches of the objects carrying `worker_labels` (all when empty), which also
+    /// time the workers' cold starts in `cold_starts` and count what they hold in `cached`
+    /// (by kind); they run until `shutdown` is cancelled.
     pub fn start(
         client: Client,
         namespace: &str,
+        worker_labels: &BTreeMap<String, String>,
         cold_starts: Arc<ColdStarts>,
+        cached: IntGaugeVec,
         shutdown: CancellationToken,
     ) -> Self {
+        let selector: Selector = worker_labels.clone().into_iter().collect();
+        let config = watcher::Config::default().labels_from(&selector);
         let starts = cold_starts.clone();
         let (deployments, deployments_healthy) = follow(
             Api::<Deployment>::namespaced(client.clone(), namespace),
+            config.clone(),
+            trim_deployment,
             move |event, store| deployment_event(&starts, event, store),
+            cached.clone(),
             shutdown.clone(),
         );
         let (pods, pods_healthy) = follow(
             Api::<Pod>::namespaced(client.clone(), namespace),
+            config.clone(),
+            trim_pod,
             move |event, store| pod_event(&cold_starts, event, store),
+            cached.clone(),
             shutdown.clone(),
         );
         let (scaled_objects, scaled_objects_healthy) = follow(
             Api::<ScaledObject>::namespaced(client, namespace),
+            config,
+            |so| trim_metadata(&mut so.metadata, &PAUSE_ANNOTATIONS),
             |_, _| {},
+            cached,
             shutdown,
         );
         WorkloadWatch {
@@ -155,12 +177,16 @@ impl ClusterSource for WorkloadWatch {
     }
 }
 
-/// A reflector over `api`: its store, and whether it holds a complete, current picture (a first
-/// list done and no error since the last successful event). `observe` sees each event as it
-/// arrives, after the store took it in.
+/// A reflector over what `api` lists with `config`, each object passed through `trim` before
+/// it is stored: its store, and whether it holds a complete, current picture (a first list done
+/// and no error since the last successful event). `observe` sees each event as it arrives,
+/// after the store took it in; `cached{kind}` says how many objects the store holds.
 fn follow<K>(
     api: Api<K>,
+    config: watcher::Config,
+    trim: impl FnMut(&mut K) + Send + 'static,
     observe: impl Fn(&watcher::Event<K>, &Store<K>) + Send + 'static,
+    cached: IntGaugeVec,
     shutdown: CancellationToken,
 ) -> (Store<K>, Arc<AtomicBool>)
 where
@@ -177,7 +203,8 @@ where
     let healthy = Arc::new(AtomicBool::new(false));
     let flag = healthy.clone();
     let kind = K::kind(&()).to_string();
-    let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let held = cached.with_label_values(&[&kind]);
+    let stream = reflector(writer, watcher(api, config).modify(trim)).default_backoff();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut failing = false;
@@ -188,6 +215,9 @@ where
             };
             if let Some(Ok(event)) = &event {
                 observe(event, &observed);
+                if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                    held.set(observed.len() as i64);
+                }
             }
             match event {
                 Some(Ok(watcher::Event::InitDone))
