@@ -23,6 +23,21 @@ use tokio_util::sync::CancellationToken;
 
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
+/// The slots each worker runs as two reads in a row confirm them: a rise counts at once, a fall
+/// only once the next read sees it too. The REST source pages through the running task
+/// instances while tasks start and end, so one read can miss a task whose neighbours in the
+/// list finished; a busy worker then reads 0 for that one read, and a scale-in just then would
+/// pick it. Two reads rarely miss the same task, and a worker whose tasks ended is marked idle
+/// one refresh later.
+fn confirmed(previous: &HashMap<String, u64>, now: &HashMap<String, u64>) -> HashMap<String, u64> {
+    let mut slots = now.clone();
+    for (host, before) in previous {
+        let entry = slots.entry(host.clone()).or_default();
+        *entry = (*entry).max(*before);
+    }
+    slots
+}
+
 pub struct DeletionCostLoop {
     pub source: Arc<dyn BacklogSource>,
     pub watch: Arc<WorkloadWatch>,
@@ -43,6 +58,7 @@ impl DeletionCostLoop {
             all
         };
         let mut failing = false;
+        let mut previous: HashMap<String, u64> = HashMap::new();
         loop {
             // No Ready worker pod, nothing to annotate: a pool at rest costs Airflow nothing.
             if self.any_running_pod() {
@@ -52,7 +68,8 @@ impl DeletionCostLoop {
                             tracing::info!("running task slots by worker readable again");
                             failing = false;
                         }
-                        self.annotate(&slots).await;
+                        self.annotate(&confirmed(&previous, &slots)).await;
+                        previous = slots;
                     }
                     Err(e) => {
                         // Costs stay as they were: a stale hint is better than marking busy pods idle.
@@ -112,5 +129,29 @@ impl DeletionCostLoop {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::confirmed;
+    use std::collections::HashMap;
+
+    fn slots(pairs: &[(&str, u64)]) -> HashMap<String, u64> {
+        pairs.iter().map(|(h, n)| (h.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn a_rise_counts_at_once_and_a_fall_once_two_reads_agree() {
+        let first = slots(&[("w-a", 2)]);
+        assert_eq!(confirmed(&HashMap::new(), &first), first);
+        // w-a missed by one read (its neighbours in the listing ended): still busy.
+        let missed = slots(&[("w-b", 1)]);
+        assert_eq!(confirmed(&first, &missed), slots(&[("w-a", 2), ("w-b", 1)]));
+        // Missing again: its task really ended.
+        assert_eq!(
+            confirmed(&missed, &slots(&[("w-b", 3)])),
+            slots(&[("w-b", 3)])
+        );
     }
 }

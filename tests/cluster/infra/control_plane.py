@@ -61,17 +61,19 @@ class ControlPlane:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    def start(self, timeout: float = 120.0) -> "ControlPlane":
-        """Start everything; return once the API server is ready and the controllers and the
-        scheduler answer their health checks. Stops what it started on failure."""
+    def start(self, timeout: float = 120.0, controllers: bool = True) -> "ControlPlane":
+        """Start everything (only etcd and the API server without ``controllers``: objects are
+        stored, nothing acts on them); return once the API server is ready and the controllers
+        and the scheduler answer their health checks. Stops what it started on failure."""
         with starting(self) as mark:
             self._make_pki()
             self._write_kubeconfig()
             etcd_url = self._start_etcd(timeout)
             self._start_apiserver(etcd_url, timeout)
             mark("apiserver")
-            self._start_controller_manager(timeout)
-            self._start_scheduler(timeout)
+            if controllers:
+                self._start_controller_manager(timeout)
+                self._start_scheduler(timeout)
         return self
 
     def stop(self) -> None:
