@@ -200,7 +200,9 @@ def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
     assert spec["automountServiceAccountToken"] is True
     assert not r.all("ClusterRole") and not r.all("ClusterRoleBinding") and not r.all("ClusterTriggerAuthentication")
     worker_labels = {"app": "astro-agent", "component": "worker", "app.kubernetes.io/instance": RELEASE}
-    assert config["kubernetes"] == {"namespace": NAMESPACE, "idleFirstScaleIn": True, "workerLabels": worker_labels}
+    lease = "astro-sentinel-deletion-cost"
+    assert config["kubernetes"] == {"namespace": NAMESPACE, "idleFirstScaleIn": True, "workerLabels": worker_labels,
+                                    "deletionCostLease": lease}
     # The Sentinel's watches select on these labels: every object it reads must carry them.
     for kind in ("Deployment", "ScaledObject"):
         for obj in r.all(kind):
@@ -215,6 +217,10 @@ def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         # KEDA's pause annotations: a paused pool is paused in the history, not stuck.
         {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "list", "watch"]},
+        # One replica sets deletion costs: the Lease's holder, renewing that Lease only.
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
+         "verbs": ["get", "update"]},
     ]
     binding = r.get("RoleBinding", "astro-sentinel")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "astro-sentinel", "namespace": NAMESPACE}]
@@ -232,8 +238,11 @@ def test_sentinel_without_kubernetes_access_has_no_api_token(chart):
 def test_idle_first_scale_in_off_drops_the_patch_right(chart):
     values, _ = effective("keda-static")
     r = chart.render(scenario("keda-static"), sets=("sentinel.kubernetes.idleFirstScaleIn=false",))
-    assert r.get("Role", "astro-sentinel")["rules"][1]["verbs"] == ["get", "list", "watch"]
+    rules = r.get("Role", "astro-sentinel")["rules"]
+    assert rules[1]["verbs"] == ["get", "list", "watch"]
+    assert not [rule for rule in rules if "coordination.k8s.io" in rule["apiGroups"]]
     assert sentinel_config(r, values)["kubernetes"]["idleFirstScaleIn"] is False
+    assert "deletionCostLease" not in sentinel_config(r, values)["kubernetes"]
 
 
 def test_static_token_from_an_existing_secret(chart):

@@ -12,3 +12,8 @@ Secret in _connection.tpl.
 {{- define "astro-agent.sentinelName" -}}
 {{- printf "%s-sentinel" (include "astro-agent.prefix" .) -}}
 {{- end -}}
+
+{{/* The Lease whose holder alone among the Sentinel's replicas sets pod deletion costs. */}}
+{{- define "astro-agent.deletionCostLeaseName" -}}
+{{- printf "%s-deletion-cost" (include "astro-agent.sentinelName" .) -}}
+{{- end -}}

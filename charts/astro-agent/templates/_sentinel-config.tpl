@@ -84,7 +84,9 @@ is listed: the KEDA-scaled ones, which KEDA reads from the Sentinel, and the HPA
 {{- /* The labels every worker Deployment, Pod and ScaledObject of this release carries (each
        worker's selector without its deploymentName): the Sentinel watches only those. */ -}}
 {{- $workerLabels := omit (include "astro-agent.workerSelectorMap" (dict "ctx" . "w" dict) | fromJson) "deploymentName" -}}
-{{- $_ := set $config "kubernetes" (dict "namespace" .Release.Namespace "idleFirstScaleIn" $s.kubernetes.idleFirstScaleIn "workerLabels" $workerLabels) -}}
+{{- $kubernetes := dict "namespace" .Release.Namespace "idleFirstScaleIn" $s.kubernetes.idleFirstScaleIn "workerLabels" $workerLabels -}}
+{{- if $s.kubernetes.idleFirstScaleIn }}{{ $_ := set $kubernetes "deletionCostLease" (include "astro-agent.deletionCostLeaseName" .) }}{{ end -}}
+{{- $_ := set $config "kubernetes" $kubernetes -}}
 {{- if $s.kubernetes.userAccess }}{{ $_ := set $auth "kubernetesUsers" dict }}{{ end -}}
 {{- end -}}
 {{- with include "astro-agent.sentinelHistoryVolume" . -}}

@@ -15,7 +15,7 @@ use crate::kubernetes_client::{kube_client, review_client};
 use crate::metrics::Metrics;
 use crate::pool::cold_start::airflow_phases::AirflowPhases;
 use crate::pool::{
-    ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, KubernetesPoolView,
+    ClusterSource, ColdStarts, DeletionCostLoop, EdgeWorkerCensus, KubernetesPoolView, LeaderLease,
     WorkloadWatch,
 };
 use crate::schedule::plan::Plan;
@@ -450,10 +450,14 @@ fn start_pool_view(
         let costs = DeletionCostLoop {
             source: shared.source.clone(),
             watch: watch.clone(),
-            pods: kube::Api::namespaced(client, &k8s.namespace),
+            pods: kube::Api::namespaced(client.clone(), &k8s.namespace),
             workers: workers.clone(),
             interval: config.refresh_interval,
             patches: shared.metrics.pod_deletion_cost_patches.clone(),
+            leader: k8s.deletion_cost_lease.as_deref().map(|name| {
+                LeaderLease::new(kube::Api::namespaced(client.clone(), &k8s.namespace), name)
+            }),
+            leading: shared.metrics.deletion_cost_leader.clone(),
         };
         tasks.spawn(costs.run(tasks.shutdown.clone()));
     }

@@ -70,6 +70,9 @@ pub struct KubernetesConfig {
     /// Labels every worker Deployment, Pod and ScaledObject carries: the watches select on
     /// them; empty selects everything in the namespace.
     pub worker_labels: BTreeMap<String, String>,
+    /// The Lease whose holder alone sets the deletion costs (several replicas); None: this
+    /// replica sets them without asking.
+    pub deletion_cost_lease: Option<String>,
 }
 
 /// Where backlog counts come from.
@@ -214,6 +217,7 @@ struct RawKubernetes {
     idle_first_scale_in: bool,
     #[serde(default)]
     worker_labels: BTreeMap<String, String>,
+    deletion_cost_lease: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -409,10 +413,18 @@ fn validate_kubernetes(raw: RawKubernetes) -> Result<KubernetesConfig, ConfigErr
             "kubernetes.namespace: {namespace:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
         )));
     }
+    if let Some(lease) = raw.deletion_cost_lease.as_deref() {
+        if !is_object_name(lease) {
+            return Err(ConfigError::new(format!(
+                "kubernetes.deletionCostLease: {lease:?} is not a Kubernetes object name (lowercase letters, digits, '-', '.', at most 253)"
+            )));
+        }
+    }
     Ok(KubernetesConfig {
         namespace,
         idle_first_scale_in: raw.idle_first_scale_in,
         worker_labels: validate_worker_labels(raw.worker_labels)?,
+        deletion_cost_lease: raw.deletion_cost_lease,
     })
 }
 
@@ -712,7 +724,25 @@ auth:
                 namespace: "airflow-workers".into(),
                 idle_first_scale_in: true,
                 worker_labels: BTreeMap::new(),
+                deletion_cost_lease: None,
             })
+        );
+        let leased = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: a\n  deletionCostLease: rel-sentinel-deletion-cost\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            leased.kubernetes.unwrap().deletion_cost_lease.as_deref(),
+            Some("rel-sentinel-deletion-cost")
+        );
+        let bad_lease = Config::parse(&format!(
+            "{BASE}kubernetes:\n  namespace: a\n  deletionCostLease: Not_A_Name\n"
+        ))
+        .unwrap_err()
+        .0;
+        assert!(
+            bad_lease.starts_with("kubernetes.deletionCostLease: \"Not_A_Name\""),
+            "{bad_lease}"
         );
         let selected = Config::parse(&format!(
             "{BASE}kubernetes:\n  namespace: a\n  workerLabels: {{component: worker, app.kubernetes.io/instance: r}}\n"

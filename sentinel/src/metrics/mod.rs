@@ -36,6 +36,8 @@ pub struct Metrics {
     pub pod_deletion_cost_patches: IntCounterVec,
     /// Objects the workload watch holds, by kind (Deployment, Pod, ScaledObject).
     pub watch_cached_objects: IntGaugeVec,
+    /// 1 while this replica holds the deletion-cost Lease (or needs none) and sets the costs.
+    pub deletion_cost_leader: IntGauge,
     pub cold_starts: ColdStartHistograms,
     pub queue_events: QueueEventMetrics,
     /// The configuration in force: 1 at start, one more for each change of the file applied.
@@ -183,6 +185,13 @@ impl Metrics {
                 "astro_sentinel_pod_deletion_cost_patches_total",
                 "Worker pods whose pod-deletion-cost annotation was set to their running task slots, by outcome.",
                 &["outcome"],
+            ),
+            deletion_cost_leader: register(
+                &r,
+                IntGauge::new(
+                    "astro_sentinel_deletion_cost_leader",
+                    "1 while this replica sets the worker pods' deletion costs (it holds kubernetes.deletionCostLease, or none is configured).",
+                ),
             ),
             watch_cached_objects: gauge_vec(
                 &r,

@@ -10,12 +10,13 @@
 //! as 0, so an idle pod that never ran a task is not patched at all. The worker pods need no
 //! API token for this; the Sentinel patches them (RBAC: `patch` on pods in the namespace).
 
+use super::leader_lease::LeaderLease;
 use super::workload_watch::WorkloadWatch;
 use crate::sources::BacklogSource;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
-use prometheus::IntCounterVec;
+use prometheus::{IntCounterVec, IntGauge};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,10 +48,14 @@ pub struct DeletionCostLoop {
     pub interval: Duration,
     /// `astro_sentinel_pod_deletion_cost_patches_total{outcome}`.
     pub patches: IntCounterVec,
+    /// Only the holder of this Lease patches (several replicas); None: this replica alone.
+    pub leader: Option<LeaderLease>,
+    /// `astro_sentinel_deletion_cost_leader`: 1 while this replica is the one that patches.
+    pub leading: IntGauge,
 }
 
 impl DeletionCostLoop {
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let queues: Vec<String> = {
             let mut all: Vec<String> = self.workers.iter().flat_map(|(_, q)| q.clone()).collect();
             all.sort();
@@ -60,8 +65,17 @@ impl DeletionCostLoop {
         let mut failing = false;
         let mut previous: HashMap<String, u64> = HashMap::new();
         loop {
+            let leading = match self.leader.as_mut() {
+                Some(lease) => lease.lead().await,
+                None => true,
+            };
+            self.leading.set(i64::from(leading));
+            if !leading {
+                // The leader's reads decide; ours would start from scratch when we take over.
+                previous.clear();
+            }
             // No Ready worker pod, nothing to annotate: a pool at rest costs Airflow nothing.
-            if self.any_running_pod() {
+            if leading && self.any_running_pod() {
                 match self.source.running_slots_by_host(&queues).await {
                     Ok(slots) => {
                         if failing {
@@ -82,8 +96,12 @@ impl DeletionCostLoop {
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.interval) => {}
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => break,
             }
+        }
+        self.leading.set(0);
+        if let Some(lease) = self.leader.as_mut() {
+            lease.release().await;
         }
     }
 
