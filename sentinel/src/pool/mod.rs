@@ -20,6 +20,7 @@ mod leader_lease;
 mod pod_state;
 mod scaled_object;
 mod trimmed_objects;
+mod watch_backoff;
 mod workload_watch;
 
 pub use cluster_view::{ClusterSource, ClusterView, NoClusterSource, WorkerSlots};

@@ -2,8 +2,8 @@
 //! ScaledObjects of the workers' namespace, keeping both in memory, so that each refresh can say per worker what the
 //! autoscaler set and where its pods stand without a request to the API server.
 //!
-//! kube-runtime's watcher re-lists after a broken or expired watch and backs off while the API
-//! server is unreachable; until a first list has completed, or while the watch is failing, the
+//! kube-runtime's watcher re-lists after a broken or expired watch and backs off (at most a few
+//! seconds: [`WatchBackoff`]) while the API server is unreachable; until a first list has completed, or while the watch is failing, the
 //! view is unknown rather than a count of what happens to be cached. The ScaledObjects only say
 //! whether a pool is paused: without KEDA (or the permission to read them) that alone is unknown.
 //!
@@ -17,6 +17,7 @@ use super::cold_start::ColdStarts;
 use super::pod_state::{pod_state, selects, PodState};
 use super::scaled_object::{ScaledObject, PAUSE_ANNOTATIONS};
 use super::trimmed_objects::{trim_deployment, trim_metadata, trim_pod};
+use super::watch_backoff::WatchBackoff;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -204,7 +205,8 @@ where
     let flag = healthy.clone();
     let kind = K::kind(&()).to_string();
     let held = cached.with_label_values(&[&kind]);
-    let stream = reflector(writer, watcher(api, config).modify(trim)).default_backoff();
+    let stream =
+        reflector(writer, watcher(api, config).modify(trim)).backoff(WatchBackoff::default());
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut failing = false;
