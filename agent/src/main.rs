@@ -33,7 +33,15 @@ mod workload;
 
 use clap::ValueEnum;
 use logging::flags::EXIT_CONFIG;
+use std::io::Write;
 use std::process::ExitCode;
+
+/// The one line a failed start leaves on stderr, written in a single call: `eprintln!` writes
+/// its pieces one by one to the unbuffered stderr, and the task host (a child sharing that
+/// stderr, stopping at the same moment) could slip a line of its own between them.
+fn say_fatal(message: &str) {
+    let _ = std::io::stderr().write_all(format!("astro-agent: {message}\n").as_bytes());
+}
 
 fn main() -> ExitCode {
     // Before any secret is read: a process that is not dumpable has its /proc/<pid>/environ,
@@ -42,7 +50,7 @@ fn main() -> ExitCode {
     // are dumpable again: exec resets the flag, and they inherit no secret.) The task host
     // too: it holds every task's workload until the task has it.
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
-        eprintln!("astro-agent: cannot make the process non-dumpable: {e}");
+        say_fatal(&format!("cannot make the process non-dumpable: {e}"));
         return ExitCode::FAILURE;
     }
     // Subcommands before the agent's flags, which stay top-level (`ASTRO_AGENT_*`).
@@ -72,7 +80,7 @@ fn main() -> ExitCode {
     let config = match flags.validate(std::env::var("ASTRO_AGENT_JWT_SECRET").ok(), hostname) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("astro-agent: {e}");
+            say_fatal(&e.to_string());
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -84,14 +92,14 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("astro-agent: cannot start the async runtime: {e}");
+            say_fatal(&format!("cannot start the async runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(agent::run(config, task_env, log_format)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<config::ConfigError>().is_some() => {
-            eprintln!("astro-agent: {e}");
+            say_fatal(&e.to_string());
             ExitCode::from(EXIT_CONFIG)
         }
         Err(e) => {
