@@ -28,7 +28,7 @@ def airflow(own_airflow):
 
 BENCH_QUEUE = "bench-10k"
 BENCH_TASKS = 10_000
-BENCH_REFRESH = 30.0  # seconds: longer than a refresh of 10 000 takes here
+BENCH_REFRESH = 60.0  # seconds: longer than a refresh of 10 000 takes here, even loaded (41.6 s seen)
 # Values are dated from the start of a read: the limit must be above how long a read takes.
 BENCH_STALENESS = 120.0
 
@@ -95,7 +95,6 @@ def test_airflow_api_cost_at_10000_queued(airflow, trigger_dag, sentinel_bin, tm
                         s.metric("astro_sentinel_refresh_duration_seconds_sum"))
 
             r0, q0, d0 = after_next_refresh()
-            after_next_refresh()
             r1, q1, d1 = after_next_refresh()
             refreshes = r1 - r0
             per_refresh = (q1 - q0) / refreshes
@@ -103,10 +102,10 @@ def test_airflow_api_cost_at_10000_queued(airflow, trigger_dag, sentinel_bin, tm
             print(f"\nairflow-api, {BENCH_TASKS} queued on one queue: {per_refresh:.1f} requests and "
                   f"{seconds:.2f}s per refresh ({refreshes:.0f} refreshes)")
             # 10 000 at 100 a page, the list of executor callbacks (one for all queues), and the
-            # list of Edge workers once per refresh interval on its own loop (so one more or one
-            # fewer of those can fall in the window).
+            # list of Edge workers once per refresh interval on its own loop (so none or two of
+            # those can fall in the one refresh's window).
             pages = math.ceil(BENCH_TASKS / 100)
-            assert pages + 1.5 <= per_refresh <= pages + 2.5, per_refresh
+            assert refreshes == 1 and pages + 1 <= per_refresh <= pages + 3, (refreshes, per_refresh)
             assert seconds < BENCH_REFRESH, "a refresh ran into the next: the counts are blurred"
             assert s.worker("astro-worker-bench")[0] == 200
         finally:
