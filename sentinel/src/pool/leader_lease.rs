@@ -66,7 +66,7 @@ pub struct LeaderLease {
 }
 
 impl LeaderLease {
-    /// The Lease `name` held as this process (see [`process_identity`]).
+    /// The Lease `name`, held as this process: its Pod's name and its start.
     pub fn new(api: Api<Lease>, name: &str) -> Self {
         Self::with_identity(api, name, process_identity())
     }
