@@ -415,10 +415,12 @@ def run_scenario(source, airflow, client, trigger_dag, astro_agent, sentinel_bin
     # timer fires late. The bound that matters is the upper one: asking more often costs
     # Airflow nothing extra.
     # The agent's cold start (one per worker Deployment on the queue) asks for its first task,
-    # one request or query for both, on each refresh until it has run: while the agent's
-    # launcher imports Airflow, a few seconds.
+    # one request or query for both, on each refresh from the agent's registration until its
+    # first task runs: while the agent's launcher imports Airflow (5 s here, 13 s on a loaded
+    # machine), plus a refresh on either side.
     lag = 1 + refreshes // 10
-    first_task_looks = 5
+    (waiting_for_first_task,) = [d["ms"] for d in start["durations"] if d["to"] == "firstTaskRunning"]
+    first_task_looks = math.ceil(waiting_for_first_task / 1000 / REFRESH) + 2
     # And every 30 s one count of the queue's task instances held in scheduled.
     held = s.metric("astro_sentinel_held_task_reads_total")
     assert held >= 1
