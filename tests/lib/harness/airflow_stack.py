@@ -219,6 +219,13 @@ class AirflowStack:
             PYTHONUNBUFFERED="1",
             AIRFLOW_HOME=str(self.workdir / "home"),
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=self._pg.sqlalchemy_url,
+            # Room for every request in flight. Airflow 3.3.2's api-server checks a token's
+            # revocation with a blocking query on its event loop: once the pool's 15 connections
+            # (5 + 10 overflow) are held by requests suspended on that loop, the loop waits for a
+            # connection forever and the api-server answers nothing again (seen in the cluster
+            # stage: 15 sessions "idle in transaction", the main thread in RevokedToken.is_revoked).
+            AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE="10",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_MAX_OVERFLOW="200",  # each stack has its own PostgreSQL (300 connections)
             AIRFLOW__CORE__EXECUTOR=EXECUTOR,
             AIRFLOW__CORE__LOAD_EXAMPLES="False",
             AIRFLOW__CORE__DAGS_FOLDER=str(self.dags_folder),
