@@ -5,6 +5,8 @@ Lease and read and renew it by name. With ``sentinel.replicaCount: 2``:
 
 1. exactly one replica holds the Lease (its identity starts with its Pod's name) and reports
    ``astro_sentinel_deletion_cost_leader 1``; the other reports 0, and never are both 1 at once;
+   each replica's watches hold the worker's Deployment and Pods only, not the Sentinel's own
+   (``kubernetes.workerLabels``);
 2. the holder's Pod deleted: it gives the Lease up as it stops, and another replica (the other
    one, or the deleted one's replacement) takes it well within the Lease's duration (no wait for
    expiry);
@@ -45,15 +47,24 @@ def _holder(cluster) -> str | None:
     return ((lease or {}).get("spec") or {}).get("holderIdentity") or None
 
 
-def _leader_gauge(pod) -> int | None:
+def _metric(pod, series: str) -> int | None:
+    """One series of a Sentinel replica's /metrics (None while it does not answer)."""
     try:
         text = requests.get(f"http://{pod.status.pod_ip}:39092/metrics", timeout=2).text
     except requests.RequestException:
         return None
     for line in text.splitlines():
-        if line.startswith("astro_sentinel_deletion_cost_leader "):
+        if line.startswith(series + " "):
             return int(float(line.split()[1]))
     return None
+
+
+def _leader_gauge(pod) -> int | None:
+    return _metric(pod, "astro_sentinel_deletion_cost_leader")
+
+
+def _cached(pod, kind: str) -> int | None:
+    return _metric(pod, f'astro_sentinel_watch_cached_objects{{kind="{kind}"}}')
 
 
 class _LeaderSampler(threading.Thread):
@@ -104,6 +115,15 @@ def test_one_replica_holds_the_lease_and_hands_it_over(cluster, nodes, keda, air
         wait_for(lambda: _leader_gauge(leader) == 1 and _leader_gauge(follower) == 0, 30,
                  "the holder's gauge 1, the other's 0",
                  on_timeout=lambda: f"holder {_leader_gauge(leader)}, other {_leader_gauge(follower)}")
+        # The watches hold the workers' objects only (kubernetes.workerLabels): the Sentinel's
+        # own Deployment and Pods share the namespace and are not among them.
+        def held_only_workers(pod) -> bool:
+            workers = cluster.core.list_namespaced_pod(NAMESPACE, label_selector="component=worker").items
+            return _cached(pod, "Deployment") == 1 and _cached(pod, "Pod") == len(workers)
+
+        wait_for(lambda: all(held_only_workers(p) for p in (leader, follower)), 30,
+                 "each replica's watches holding the worker Deployment and its Pods only",
+                 on_timeout=lambda: f"{[(_cached(p, 'Deployment'), _cached(p, 'Pod')) for p in (leader, follower)]}")
         transitions = cluster.get(LEASE_PATH)["spec"].get("leaseTransitions", 0)
         print(f"\nholder {first}; the other replica {follower.metadata.name} follows")
 
