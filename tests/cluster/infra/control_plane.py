@@ -81,15 +81,19 @@ class ControlPlane:
         for daemon in reversed(self._daemons):
             daemon.stop(timeout=15)
 
-    def restart_apiserver(self, down: float, timeout: float = 120.0) -> None:
+    def restart_apiserver(self, down: float, timeout: float = 120.0) -> float:
         """The API server stopped (SIGTERM, as a crash or an upgrade of the control plane would
         take it away), left down for ``down`` seconds -- the outage itself -- and started again
-        with the same flags; returns once it is ready. etcd keeps every object meanwhile."""
+        with the same flags; returns once it is ready, with the moment (``time.time()``) its
+        process had exited: until then it served the watches it had. etcd keeps every object
+        meanwhile."""
         apiserver = self.daemon("kube-apiserver")
         apiserver.stop(timeout=15)
+        exited = time.time()
         time.sleep(down)
         apiserver.start()
         self._wait_http(apiserver, f"{self.server}/readyz", timeout)
+        return exited
 
     def daemon(self, name: str) -> Daemon:
         """The running ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` or

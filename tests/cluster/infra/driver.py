@@ -105,7 +105,7 @@ def _perform_outage(state: Path, control_plane, keda) -> None:
     try:
         request = json.loads(outage.request_path(state).read_text())
         print(f"outage of {request['component']} for {request['down']} s", flush=True)
-        outage.perform(control_plane, keda, request["component"], float(request["down"]))
+        answer["exited"] = outage.perform(control_plane, keda, request["component"], float(request["down"]))
         print(f"{request['component']} back", flush=True)
     except Exception as e:  # reported to the scenario that asked
         traceback.print_exc()

@@ -218,18 +218,21 @@ class Keda:
         for daemon in reversed(self._daemons):
             daemon.stop(timeout=15)
 
-    def restart(self, down: float = 0.0, timeout: float = 180.0) -> None:
+    def restart(self, down: float = 0.0, timeout: float = 180.0) -> float:
         """Both processes stopped, left down for ``down`` seconds, then started again with the
         same flags, as a rollout or a crash of KEDA's two Deployments would; returns once both
-        serve again. Only the process that started them can."""
+        serve again, with the moment (``time.time()``) both had exited. Only the process that
+        started them can."""
         if self.attached or self.operator is None or self.metrics_server is None:
             raise RuntimeError("KEDA runs in another process: only that process can restart it")
         for daemon in (self.metrics_server, self.operator):
             daemon.stop(timeout=15)
             self._daemons.remove(daemon)
+        exited = time.time()
         time.sleep(down)
         self._start_operator(timeout)
         self._start_metrics_server(timeout)
+        return exited
 
     @classmethod
     def attach(cls, workdir: Path, bin_dir: Path, control_plane: Any, address: str, token_audiences: Iterable[dict],

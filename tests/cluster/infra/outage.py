@@ -8,7 +8,7 @@ Only the process that started a daemon stops and starts it again (by PID): the d
 (``infra/driver.py``) when the stage shares its infrastructure -- asked through a request file
 beside the state file and SIGUSR1, answering in a done file -- else the scenario's own process,
 in a thread. :func:`begin` returns at once; :meth:`Outage.wait` returns once the component
-serves again (or raises what went wrong).
+serves again (or raises what went wrong), with the moment its processes had exited.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from harness.procs import wait_for
 COMPONENTS = ("kube-apiserver", "keda")
 
 
-def perform(control_plane: Any, keda: Any, component: str, down: float) -> None:
-    """The outage itself, by the process that started ``component``."""
+def perform(control_plane: Any, keda: Any, component: str, down: float) -> float:
+    """The outage itself, by the process that started ``component``; the moment
+    (``time.time()``) its processes had exited."""
     if component == "kube-apiserver":
-        control_plane.restart_apiserver(down)
-    elif component == "keda":
-        keda.restart(down)
-    else:
-        raise ValueError(f"unknown component {component!r}: one of {COMPONENTS}")
+        return control_plane.restart_apiserver(down)
+    if component == "keda":
+        return keda.restart(down)
+    raise ValueError(f"unknown component {component!r}: one of {COMPONENTS}")
 
 
 def request_path(state: Path) -> Path:
@@ -49,15 +49,18 @@ class Outage:
     def __init__(self, component: str, state: Path | None, thread: threading.Thread | None):
         self.component, self._state, self._thread = component, state, thread
         self._error: BaseException | None = None
+        self._exited: float | None = None
 
-    def wait(self, timeout: float = 300.0) -> None:
+    def wait(self, timeout: float = 300.0) -> float:
+        """Returns once the component serves again: the moment its processes had exited."""
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise TimeoutError(f"{self.component} not back within {timeout:.0f} s")
             if self._error is not None:
                 raise self._error
-            return
+            assert self._exited is not None
+            return self._exited
         assert self._state is not None
         done = wait_for(lambda: done_path(self._state).exists() and done_path(self._state).read_text(),
                         timeout, f"{self.component} back (the driver's answer)", interval=0.5)
@@ -65,6 +68,7 @@ class Outage:
         answer = json.loads(done)
         if answer.get("error"):
             raise RuntimeError(f"the driver could not restart {self.component}: {answer['error']}")
+        return answer["exited"]
 
 
 def begin(control_plane: Any, keda: Any, component: str, down: float) -> Outage:
@@ -82,7 +86,7 @@ def begin(control_plane: Any, keda: Any, component: str, down: float) -> Outage:
 
     def run() -> None:
         try:
-            perform(control_plane, keda, component, down)
+            outage._exited = perform(control_plane, keda, component, down)
         except BaseException as e:  # noqa: BLE001 - raised again by wait()
             outage._error = e
 
