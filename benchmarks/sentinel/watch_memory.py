@@ -94,6 +94,10 @@ def create_all(kube: KubeApi) -> float:
     """Creates the namespace and every object; returns the seconds it took."""
     started = time.monotonic()
     kube.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    # Without kube-controller-manager nobody makes the namespace's default ServiceAccount, which
+    # the API server's admission looks up for every Pod.
+    kube.call("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+              {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
     for pool in range(POOLS):
         kube.call("POST", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments?fieldManager=bench", worker_deployment(pool))
     pods = [worker_pod(p, n) for p in range(POOLS) for n in range(WORKER_PODS_PER_POOL)]
