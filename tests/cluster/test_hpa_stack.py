@@ -182,7 +182,12 @@ def test_prometheus_discovers_the_worker_and_the_adapter_serves_the_chart_metric
     wait_for(scaled_up, 60, "the HPA controller to scale the Deployment up on the adapter's metric",
              on_timeout=lambda: str(stack.api.get(hpa_path).get("status")))
     print(f"the HPA controller scaled the Deployment 1 -> 2 after {time.monotonic() - t0:.1f}s")
-    status = stack.api.get(hpa_path)["status"]
+    # The controller writes the HPA's status after it scaled the Deployment: wait for it.
+    def status_written() -> dict | None:
+        status = stack.api.get(hpa_path)["status"]
+        return status if any(c["type"] == "ScalingActive" for c in status.get("conditions", [])) else None
+
+    status = wait_for(status_written, 30, "the HPA's status with its ScalingActive condition")
     conditions = {c["type"]: c for c in status.get("conditions", [])}
     assert conditions["ScalingActive"]["status"] == "True", conditions
     assert status["desiredReplicas"] >= 2, status
