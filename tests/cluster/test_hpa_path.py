@@ -88,6 +88,8 @@ def test_hpa_scales_on_the_agents_queue_stats(cluster, nodes, airflow, release, 
         tis = airflow.client.task_instances("cluster_hpa", run_id)
         wait_for(lambda: cluster.deployment(NAMESPACE, DEPLOYMENT).spec.replicas == 1, 180,
                  "the HPA to scale the pool back to 1")
+        # The scaled-down Pods may still be draining: their exits are what is checked below.
+        pods.wait_for_deletions(180)
     finally:
         timeline.stop()
         pods.stop()
