@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import subprocess
@@ -33,7 +32,8 @@ import urllib.request
 from pathlib import Path
 
 from harness.postgres import PostgresCluster
-from harness.procs import Daemon, free_port, wait_for
+import fake_airflow
+from harness.procs import Daemon, free_port, rss_mb, wait_for
 from harness.prometheus_server import promtool  # Debian's promtool, fetched when missing
 
 HERE = Path(__file__).resolve().parent
@@ -130,9 +130,7 @@ class Sentinel:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_mb(self) -> tuple[float, float]:
-        status = Path(f"/proc/{self.daemon.pid}/status").read_text()
-        kb = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.*)$", status, re.M)}
-        return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
+        return rss_mb(self.daemon.pid)
 
 
 def run_wrk(base: str, token: str, lua: Path, duration: int, cpus: str | None = None,
@@ -192,12 +190,8 @@ def main() -> int:
               "private PostgreSQL with a minimal task_instance table")
 
         # ---- airflow-api source against the fake REST API -------------------------------
-        port_file = work / "fake.port"
-        fake = Daemon("fake-airflow", [sys.executable, str(HERE / "fake_airflow.py"), str(port_file)],
-                      dict(os.environ), work / "fake.log").start()
+        fake, fake_url = fake_airflow.start(work)
         daemons.append(fake)
-        wait_for(lambda: fake.check_alive() or (port_file.exists() and port_file.read_text()), 10, "fake API")
-        fake_url = f"http://127.0.0.1:{port_file.read_text()}"
         fake_count = lambda: json.loads(http_get(f"{fake_url}/requests")[1])["requests"]  # noqa: E731
 
         s = Sentinel(work, "sentinel-airflow-api", {"type": "airflow-api", "airflowApi": {"url": fake_url}},

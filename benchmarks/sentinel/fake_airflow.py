@@ -14,10 +14,12 @@ served and reports the total at ``GET /requests``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 PATH = "/api/v2/dags/~/dagRuns/~/taskInstances"
@@ -66,6 +68,17 @@ class Handler(BaseHTTPRequestHandler):
         offset, limit = int(q.get("offset", ["0"])[0]), int(q.get("limit", ["100"])[0])
         page = listed[offset:offset + min(limit, PAGE_LIMIT)]
         self._send(200, {"task_instances": page, "total_entries": len(listed)})
+
+
+def start(work: Path) -> tuple["Daemon", str]:
+    """Runs this fake as a process writing under ``work``: the process (stop it) and its URL."""
+    from harness.procs import Daemon, wait_for
+
+    port_file = work / "fake.port"
+    fake = Daemon("fake-airflow", [sys.executable, __file__, str(port_file)], dict(os.environ),
+                  work / "fake.log").start()
+    wait_for(lambda: fake.check_alive() or (port_file.exists() and port_file.read_text()), 10, "fake API")
+    return fake, f"http://127.0.0.1:{port_file.read_text()}"
 
 
 def main() -> None:

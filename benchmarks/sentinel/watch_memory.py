@@ -27,7 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests" / "cluster"))
 
-from harness.procs import Daemon, free_port, wait_for  # noqa: E402
+import fake_airflow  # noqa: E402
+from harness.procs import Daemon, free_port, rss_mb, wait_for  # noqa: E402
 from infra.control_plane import ControlPlane  # noqa: E402
 from infra.kube_api import KubeApi  # noqa: E402
 
@@ -113,12 +114,6 @@ def metrics(base: str) -> str:
         return r.read().decode()
 
 
-def rss_mb(pid: int) -> tuple[float, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    kb = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.*)$", status, re.M)}
-    return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
-
-
 def measure(work: Path, name: str, binary: str, cp: ControlPlane, fake_url: str, selected: bool) -> dict:
     """Starts a Sentinel watching the namespace, waits until its pool view is known (the
     watches listed), settles, and reads its memory."""
@@ -183,12 +178,8 @@ def main() -> int:
         sample = kube.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/etl-task-00000")
         print(f"  created in {took:.1f} s; one unrelated Pod is {len(json.dumps(sample))} bytes of JSON")
 
-        port_file = work / "fake.port"
-        fake = Daemon("fake-airflow", [sys.executable, str(HERE / "fake_airflow.py"), str(port_file)],
-                      dict(os.environ), work / "fake.log").start()
+        fake, fake_url = fake_airflow.start(work)
         daemons.append(fake)
-        wait_for(lambda: fake.check_alive() or (port_file.exists() and port_file.read_text()), 10, "fake API")
-        fake_url = f"http://127.0.0.1:{port_file.read_text()}"
 
         runs = [("selected", os.environ["ASTRO_SENTINEL_BIN"], True),
                 ("every-pod", os.environ["ASTRO_SENTINEL_BIN"], False)]

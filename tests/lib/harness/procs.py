@@ -217,3 +217,11 @@ def _group_exists(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """The process's resident memory now and at its peak (``VmRSS``, ``VmHWM``), in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    kb = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
+          if line.startswith(("VmRSS:", "VmHWM:"))}
+    return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
