@@ -21,11 +21,10 @@ import signal
 import threading
 import time
 
-import requests
-
 from harness.procs import wait_for
 
 from conftest import chart_values
+from infra.metrics_sample import sample
 
 NAMESPACE = "astro-deletion-cost-leader"
 RELEASE = "leader"
@@ -49,14 +48,8 @@ def _holder(cluster) -> str | None:
 
 def _metric(pod, series: str) -> int | None:
     """One series of a Sentinel replica's /metrics (None while it does not answer)."""
-    try:
-        text = requests.get(f"http://{pod.status.pod_ip}:39092/metrics", timeout=2).text
-    except requests.RequestException:
-        return None
-    for line in text.splitlines():
-        if line.startswith(series + " "):
-            return int(float(line.split()[1]))
-    return None
+    value = sample(f"http://{pod.status.pod_ip}:39092/metrics", series)
+    return None if value is None else int(value)
 
 
 def _leader_gauge(pod) -> int | None:

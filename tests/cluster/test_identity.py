@@ -13,6 +13,7 @@ from harness.procs import wait_for
 
 from conftest import chart_values
 from infra.kube import condition
+from infra.metrics_sample import sample
 
 NAMESPACE = "astro-bound"
 DEPLOYMENT = "astro-worker-bound"
@@ -86,14 +87,7 @@ def _get(path: str, token: str, **kwargs) -> requests.Response:
 
 def _agent_metric(name: str) -> float | None:
     """A sample of the worker Pod's agent's /metrics, through the worker's Service."""
-    try:
-        text = requests.get(f"http://{WAKE_DEPLOYMENT}.{WAKE_NAMESPACE}.svc:39091/metrics", timeout=5).text
-    except requests.RequestException:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+    return sample(f"http://{WAKE_DEPLOYMENT}.{WAKE_NAMESPACE}.svc:39091/metrics", name)
 
 
 def test_a_worker_pods_token_opens_the_queue_events_only(cluster, nodes, keda, airflow, release_factory):
