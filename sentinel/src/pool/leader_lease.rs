@@ -13,6 +13,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
@@ -42,11 +43,19 @@ fn process_identity() -> &'static str {
     })
 }
 
-/// What to do with the Lease as last read.
+/// The loops of this process that hold a [`LeaderLease`] (more than one only while a
+/// configuration change hands over from one generation to the next).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for LeaderLease {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What to do with the Lease as last read (none yet: create it, held by us).
 #[derive(Debug, PartialEq, Eq)]
 enum Step {
-    /// None yet: create it, held by us.
-    Create,
     /// Ours: renew it.
     Renew,
     /// Free, or its holder stopped renewing: take it.
@@ -72,6 +81,7 @@ impl LeaderLease {
     }
 
     fn with_identity(api: Api<Lease>, name: &str, identity: &str) -> Self {
+        LIVE.fetch_add(1, Ordering::SeqCst);
         LeaderLease {
             api,
             name: name.to_string(),
@@ -113,9 +123,14 @@ impl LeaderLease {
     }
 
     /// Gives the Lease up if we hold it, so that another replica takes over at once rather
-    /// than after the duration (a rollout, a configuration change).
+    /// than after the duration (a rollout, the process stopping).
     pub async fn release(&mut self) {
         if self.renewed.take().is_none() {
+            return;
+        }
+        // A configuration change starts the next generation's loop before it stops this one:
+        // the Lease is the process's, and the next loop holds it on.
+        if LIVE.load(Ordering::SeqCst) > 1 {
             return;
         }
         let read = tokio::time::timeout(RENEW_EVERY, self.api.get_opt(&self.name)).await;
@@ -142,14 +157,9 @@ impl LeaderLease {
             .get_opt(&self.name)
             .await
             .map_err(|e| e.to_string())?;
-        let step = match &current {
-            None => Step::Create,
-            Some(lease) => self.step(lease.spec.as_ref(), Instant::now()),
-        };
         let now = MicroTime(Timestamp::now());
-        let written = match (step, current) {
-            (Step::Follow, _) => return Ok(false),
-            (Step::Create, _) => {
+        let written = match current {
+            None => {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(self.name.clone()),
@@ -166,7 +176,11 @@ impl LeaderLease {
                 };
                 self.api.create(&PostParams::default(), &lease).await
             }
-            (step, Some(mut lease)) => {
+            Some(mut lease) => {
+                let step = self.step(lease.spec.as_ref(), Instant::now());
+                if step == Step::Follow {
+                    return Ok(false);
+                }
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 if step == Step::TakeOver {
                     tracing::info!(lease = %self.name, from = ?spec.holder_identity, "taking over the deletion-cost Lease");
@@ -181,7 +195,6 @@ impl LeaderLease {
                     .replace(&self.name, &PostParams::default(), &lease)
                     .await
             }
-            (_, None) => unreachable!("only Create is chosen without a Lease"),
         };
         match written {
             Ok(_) => Ok(true),
