@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::pool::ColdStarts;
 use crate::schedule::reader::{RestScheduleSource, ScheduleSource};
 use crate::serve::api::{handle, AppState};
+use crate::serve::external_scaler::certificates::Certificates;
 use crate::sources::airflow_api::AirflowApiSource;
 use crate::sources::postgres::PostgresSource;
 use crate::sources::BacklogSource;
@@ -36,7 +37,6 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::ServerTlsConfig;
 
 /// Why the Sentinel could not start: bad configuration (exit 2) or anything else (exit 1).
 #[derive(Debug, thiserror::Error)]
@@ -73,12 +73,14 @@ impl Running {
         self.addr
     }
 
-    /// Serves KEDA's external scaler API on `listener` as well (with `tls` when set), from the
-    /// same cache as `/v1`, for every configuration from now on; returns its address.
+    /// Serves KEDA's external scaler API on `listener` as well (over TLS with `certificates`
+    /// when set, their files checked for changes every `check_interval`), from the same cache
+    /// as `/v1`, for every configuration from now on; returns its address.
     pub async fn serve_external_scaler(
         &mut self,
         listener: TcpListener,
-        tls: Option<ServerTlsConfig>,
+        certificates: Option<Certificates>,
+        check_interval: Duration,
     ) -> Result<SocketAddr, StartError> {
         let addr = listener
             .local_addr()
@@ -86,12 +88,24 @@ impl Running {
         let listener = listener
             .into_std()
             .map_err(|e| StartError::Runtime(format!("external scaler listener: {e}")))?;
-        let tls_enabled = tls.is_some();
+        let certificates = certificates.map(Arc::new);
+        if let Some(certificates) = &certificates {
+            let reloads = self.metrics.external_scaler_certificate_reloads.clone();
+            let follow =
+                certificates
+                    .clone()
+                    .follow(check_interval, reloads, self.tasks.shutdown.clone());
+            self.tasks.spawn(follow);
+        }
+        let tls_enabled = certificates.is_some();
         let mut pipeline = self.pipeline.lock().await;
         let Pipeline {
             shared, current, ..
         } = &mut *pipeline;
-        shared.external_scaler = Some(ExternalScalerPort { listener, tls });
+        shared.external_scaler = Some(ExternalScalerPort {
+            listener,
+            certificates,
+        });
         current.serve_external_scaler(shared)?;
         tracing::info!(%addr, tls = tls_enabled, "serving KEDA's external scaler API");
         Ok(addr)
@@ -231,7 +245,7 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
             let listener = TcpListener::bind(s.listen)
                 .await
                 .map_err(|e| StartError::Runtime(format!("cannot listen on {}: {e}", s.listen)))?;
-            Some((listener, s.server_tls()?))
+            Some((listener, s.certificates()?))
         }
         None => None,
     };
@@ -268,8 +282,12 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
         }
         SourceSettings::Postgres { .. } => {}
     }
-    if let Some((listener, tls)) = external_scaler {
-        if let Err(e) = running.serve_external_scaler(listener, tls).await {
+    if let Some((listener, certificates)) = external_scaler {
+        let check_interval = settings.config_check_interval;
+        let served = running
+            .serve_external_scaler(listener, certificates, check_interval)
+            .await;
+        if let Err(e) = served {
             running.stop().await;
             return Err(e);
         }

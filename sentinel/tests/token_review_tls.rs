@@ -10,96 +10,17 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use test_kit::fake_kubernetes::FakeKubernetes;
 use test_kit::fake_rest_api::fake_airflow;
 use test_kit::keda::keda_get;
+use test_kit::test_certificates::{TestCa, Usage};
 use test_kit::{eventually, TempDir};
 use tokio::net::TcpListener;
 
 const KEDA_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJrZWRhIn0.a2VkYQ";
-
-/// A CA and a server certificate for 127.0.0.1 signed by it, made with the openssl CLI.
-fn certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let ca_key = dir.join(format!("{name}-ca.key"));
-    let ca = dir.join(format!("{name}-ca.crt"));
-    let key = dir.join(format!("{name}-server.key"));
-    let csr = dir.join(format!("{name}-server.csr"));
-    let crt = dir.join(format!("{name}-server.crt"));
-    let ext = dir.join(format!("{name}-server.ext"));
-    std::fs::write(
-        &ext,
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).output().expect(
-            "the openssl CLI is needed to make test certificates (apt-get install openssl)",
-        );
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let p = |p: &PathBuf| p.to_str().unwrap().to_string();
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &p(&ca_key),
-        "-out",
-        &p(&ca),
-        "-days",
-        "2",
-        "-subj",
-        &format!("/CN={name}-ca"),
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &p(&key),
-        "-out",
-        &p(&csr),
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &p(&csr),
-        "-CA",
-        &p(&ca),
-        "-CAkey",
-        &p(&ca_key),
-        "-CAcreateserial",
-        "-out",
-        &p(&crt),
-        "-days",
-        "2",
-        "-extfile",
-        &p(&ext),
-    ]);
-    (ca, crt, key)
-}
 
 /// Serves the fake Kubernetes API over TLS with `crt`/`key`.
 async fn serve_tls(
@@ -151,20 +72,21 @@ async fn serve_tls(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_review_over_https_trusts_the_configured_ca_only() {
     let dir = TempDir::new("tls");
-    let (cluster_ca, crt, key) = certificates(&dir.0, "cluster");
-    let (other_ca, _, _) = certificates(&dir.0, "other");
+    let cluster_ca = TestCa::new(&dir.0, "cluster-ca");
+    let server = cluster_ca.issue("server", Usage::Server);
+    let other_ca = TestCa::new(&dir.0, "other-ca");
     let fake = FakeKubernetes::new("own-token");
     fake.users
         .lock()
         .unwrap()
         .insert(KEDA_TOKEN.into(), "system:serviceaccount:keda:k".into());
-    let (kube_addr, kube_task) = serve_tls(fake.clone(), &crt, &key).await;
+    let (kube_addr, kube_task) = serve_tls(fake.clone(), &server.cert, &server.key).await;
     let (airflow, airflow_server) = fake_airflow().await;
     airflow.set("q", 4, 0);
     let token_file = dir.file("own-token", "own-token");
     let yaml = "refreshInterval: 100ms\nauth:\n  tokenReview: {allowedUsernames: [\"system:serviceaccount:keda:k\"]}\nworkers:\n  - {name: w, queues: [q]}\n";
 
-    for (ca, expected) in [(&cluster_ca, 200), (&other_ca, 503)] {
+    for (ca, expected) in [(&cluster_ca.pair.cert, 200), (&other_ca.pair.cert, 503)] {
         let access = KubernetesAccess {
             api_url: url::Url::parse(&format!("https://{kube_addr}")).unwrap(),
             token_file: token_file.clone(),

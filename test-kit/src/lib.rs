@@ -19,6 +19,7 @@ pub mod sentinel_process;
 pub mod server;
 pub mod task_host_process;
 pub mod temp_dir;
+pub mod test_certificates;
 
 pub use child_guard::ChildGuard;
 pub use eventually::eventually;

@@ -28,6 +28,7 @@ use crate::serve::auth::deployment_access::DeploymentAccess;
 use crate::serve::auth::static_tokens::StaticTokens;
 use crate::serve::auth::token_review::{ReviewCounters, TokenReviewer};
 use crate::serve::auth::{Authenticator, Subscribers};
+use crate::serve::external_scaler::certificates::Certificates;
 use crate::serve::external_scaler::server as external_scaler_server;
 use crate::serve::external_scaler::service::ExternalScalerService;
 use crate::serve::queue_events::QueueEvents;
@@ -37,7 +38,6 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::ServerTlsConfig;
 
 /// What every configuration uses and no change of it replaces.
 pub(super) struct Shared {
@@ -56,7 +56,8 @@ pub(super) struct Shared {
 
 pub(super) struct ExternalScalerPort {
     pub listener: std::net::TcpListener,
-    pub tls: Option<ServerTlsConfig>,
+    /// Its TLS, when it has one; read again whenever the files change.
+    pub certificates: Option<Arc<Certificates>>,
 }
 
 /// The tasks of one configuration and what the server answers from while it is in force.
@@ -178,10 +179,10 @@ impl Generation {
         );
         let task = external_scaler_server::spawn(
             listener,
-            port.tls.clone(),
+            port.certificates.clone(),
             service,
             self.tasks.shutdown.clone(),
-        )?;
+        );
         self.tasks.handles.push(task);
         Ok(())
     }

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub config_generation: IntGauge,
     /// Changes of the configuration file refused (invalid): the running configuration stays.
     pub config_reload_failures: IntCounter,
+    /// Changes of the external scaler port's certificate files, by outcome (applied, refused).
+    pub external_scaler_certificate_reloads: IntCounterVec,
     /// 1 while this replica holds the history file's lock and writes the file.
     pub history_file_owner: IntGauge,
     ready: IntGauge,
@@ -102,6 +104,12 @@ impl Metrics {
                     "astro_sentinel_config_reload_failures_total",
                     "Changes of the configuration file refused as invalid (the running configuration is kept; the log names the field).",
                 ),
+            ),
+            external_scaler_certificate_reloads: counter_vec(
+                &r,
+                "astro_sentinel_external_scaler_certificate_reloads_total",
+                "Changes of the external scaler port's certificate, key or client CA files: applied (new connections get them) or refused as unusable (the port keeps serving the previous ones; the log says why).",
+                &["outcome"],
             ),
             history_file_owner: register(
                 &r,

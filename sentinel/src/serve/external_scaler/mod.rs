@@ -8,7 +8,8 @@
 //! * [`tls`]: the port's flags and its TLS. KEDA's external scalers send no credentials
 //!   except a TLS client certificate (`tlsClientCert` / `tlsClientKey` of a
 //!   TriggerAuthentication), so unless `auth.disabled` is true the port requires mutual TLS:
-//!   a client certificate signed by `--external-scaler-client-ca`.
+//!   a client certificate signed by `--external-scaler-client-ca`. [`certificates`] reads
+//!   those files again whenever they change; `handshakes` runs each connection's TLS handshake.
 //! * [`server`]: serves it on its own port until shutdown, within limits: connections capped
 //!   in all and per address (`admission`) and cut when silent (`silent_timeout`), accepted
 //!   by `incoming`.
@@ -16,6 +17,8 @@
 //! [`worker_answer`]: crate::backlog::worker_view::worker_answer
 
 pub mod admission;
+pub mod certificates;
+pub mod handshakes;
 mod incoming;
 pub mod server;
 pub mod service;

@@ -6,14 +6,15 @@
 //! a TriggerAuthentication. So this port's auth is mutual TLS: with `auth.disabled: false` the
 //! Sentinel requires a client certificate signed by `--external-scaler-client-ca` (give it a CA
 //! of its own: every certificate it signed may read backlogs). With `auth.disabled: true` the
-//! port may be plain gRPC, like `/v1` without a token. The files are read at start-up.
+//! port may be plain gRPC, like `/v1` without a token. The files are read at start-up (an
+//! unusable one is a configuration error) and again whenever they change
+//! (`super::certificates`).
 
+use super::certificates::Certificates;
 use crate::config::ConfigError;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ExternalScalerFlags {
@@ -125,41 +126,10 @@ impl ExternalScalerSettings {
         Ok(Some(ExternalScalerSettings { listen, tls }))
     }
 
-    /// Reads the files into tonic's TLS configuration (`None`: plain gRPC).
-    pub fn server_tls(&self) -> Result<Option<ServerTlsConfig>, ConfigError> {
-        let Some(files) = &self.tls else {
-            return Ok(None);
-        };
-        let cert = read(&files.cert, "--external-scaler-tls-cert")?;
-        let key = read(&files.key, "--external-scaler-tls-key")?;
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
-        if let Some(ca) = &files.client_ca {
-            let ca = read(ca, "--external-scaler-client-ca")?;
-            tls = tls.client_ca_root(Certificate::from_pem(ca));
-        }
-        Ok(Some(tls))
+    /// Reads the certificates (`None`: plain gRPC).
+    pub fn certificates(&self) -> Result<Option<Certificates>, ConfigError> {
+        self.tls.as_ref().map(Certificates::load).transpose()
     }
-}
-
-/// How long a client may take over its TLS handshake: one that starts it and stops (or drips
-/// a byte now and then) would otherwise hold its connection for as long as it likes.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `tls`, with handshakes cut after [`HANDSHAKE_TIMEOUT`].
-pub fn with_handshake_timeout(tls: ServerTlsConfig) -> ServerTlsConfig {
-    tls.timeout(HANDSHAKE_TIMEOUT)
-}
-
-fn read(path: &Path, flag: &str) -> Result<Vec<u8>, ConfigError> {
-    let pem = std::fs::read(path)
-        .map_err(|e| ConfigError::new(format!("{flag}: cannot read {}: {e}", path.display())))?;
-    if !String::from_utf8_lossy(&pem).contains("-----BEGIN ") {
-        return Err(ConfigError::new(format!(
-            "{flag}: {} holds no PEM block",
-            path.display()
-        )));
-    }
-    Ok(pem)
 }
 
 #[cfg(test)]
@@ -223,26 +193,6 @@ mod tests {
         );
         assert!(
             error(flags(addr, false, false, true), true).starts_with("--external-scaler-tls-cert:")
-        );
-    }
-
-    #[test]
-    fn unreadable_or_non_pem_files_name_their_flag() {
-        let dir = tempfile::tempdir().unwrap();
-        let not_pem = dir.path().join("cert.pem");
-        std::fs::write(&not_pem, "hello").unwrap();
-        let s = ExternalScalerSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            tls: Some(TlsFiles {
-                cert: not_pem,
-                key: dir.path().join("missing.pem"),
-                client_ca: None,
-            }),
-        };
-        let e = s.server_tls().unwrap_err().to_string();
-        assert!(
-            e.starts_with("--external-scaler-tls-cert:") && e.contains("no PEM"),
-            "{e}"
         );
     }
 }
