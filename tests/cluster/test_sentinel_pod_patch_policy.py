@@ -28,12 +28,28 @@ def as_sentinel(cluster, control_plane, nodes, keda, airflow, release_factory) -
     wait_for(lambda: _pods(cluster, "component=worker"), 120, "the worker Pod")
     token = cluster.core.create_namespaced_service_account_token(
         "astro-sentinel", NAMESPACE, {"spec": {"expirationSeconds": 600}}).status.token
-    return Cluster(control_plane.server, str(control_plane.ca_file), token)
+    as_sentinel = Cluster(control_plane.server, str(control_plane.ca_file), token)
+    # The API server loads a new policy and its binding from its own watch, a moment after they
+    # are created: wait until a dry run of a change the policy forbids is refused (admission
+    # runs for dry runs; nothing is changed).
+    (worker,) = _pods(cluster, "component=worker")
+    forbidden = {"metadata": {"labels": {"component": "hijacked"}}}
+    wait_for(lambda: _refused_dry_run(as_sentinel, worker.metadata.name, forbidden), 60,
+             "the chart's ValidatingAdmissionPolicy in force")
+    return as_sentinel
 
 
 def _pods(cluster, selector: str) -> list:
     return [p for p in cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
             if p.metadata.deletion_timestamp is None]
+
+
+def _refused_dry_run(client: Cluster, pod: str, patch: dict) -> bool:
+    try:
+        client.core.patch_namespaced_pod(pod, NAMESPACE, patch, dry_run="All")
+        return False
+    except ApiException as e:
+        return e.status == 422
 
 
 def _refusal(client: Cluster, pod: str, patch: dict) -> str:
