@@ -74,9 +74,27 @@ def _end(ti: dict) -> float | None:
 
 def _patches(session) -> float:
     """Successful deletion-cost patches so far, from the Sentinel's /metrics."""
+    return _deletion_costs(session)["ok"]
+
+
+def _deletion_costs(session) -> dict:
+    """The Sentinel's deletion-cost patches so far by outcome, whether it holds the Lease, and
+    its container's restarts (a restart would start the counts again)."""
     text = session.get(f"{SENTINEL}/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("astro_sentinel_pod_deletion_cost_patches_total{") and 'outcome="ok"' in line)
+    state = {"ok": 0.0, "error": 0.0, "leader": None}
+    for line in text.splitlines():
+        value = line.rsplit(" ", 1)[-1]
+        if line.startswith("astro_sentinel_pod_deletion_cost_patches_total{"):
+            state["ok" if 'outcome="ok"' in line else "error"] += float(value)
+        elif line.startswith("astro_sentinel_deletion_cost_leader "):
+            state["leader"] = float(value)
+    return state
+
+
+def _sentinel_restarts(cluster) -> list[tuple[str, int]]:
+    pods = cluster.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=sentinel").items
+    return [(p.metadata.name, sum(c.restart_count for c in p.status.container_statuses or []))
+            for p in pods]
 
 
 def _answers(cluster) -> bool:
@@ -127,7 +145,11 @@ class _Burst:
         self.airflow.client.ensure_runnable(DAG)
         self.run_id = self.airflow.client.trigger(DAG)
         self.mark("burst triggered")
-        wait_for(self._busy, 240, "three workers running tasks")
+        try:
+            wait_for(self._busy, 240, "three workers running tasks")
+        except BaseException:
+            self.__exit__()  # stop the recorders and print what they saw
+            raise
         self.mark("three workers busy")
         return self
 
@@ -164,6 +186,7 @@ def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, ked
     session = pool
     with _Burst(cluster, airflow, session) as burst:
         patches_before = _patches(session)
+        restarts_before = _sentinel_restarts(cluster)
         down = outage.begin(control_plane, keda, "kube-apiserver", APISERVER_DOWN_SECONDS)
         began = burst.mark("kube-apiserver stopping")
         # It finishes what it serves before it goes (graceful termination, up to 15 s here).
@@ -177,8 +200,12 @@ def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, ked
                            "the Sentinel's watches back (a history point with workers after the outage)")
         burst.mark("the Sentinel sees the cluster again")
         tis = burst.finish()
-        patches_after = _patches(session)
+        costs_after = _deletion_costs(session)
+        patches_after = costs_after["ok"]
     burst.never_at_zero_while_working()
+    restarts = (restarts_before, _sentinel_restarts(cluster))
+    print(f"deletion-cost patches: {patches_before} before the outage, {costs_after} at the end; "
+          f"Sentinel Pods and restarts before and after: {restarts}")
 
     # The workers kept running tasks to the end while the API server was away.
     ended_during = [t["task_id"] for t in tis if began < _end(t) < back]
@@ -201,7 +228,7 @@ def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, ked
     assert during and all(p["workers"] is None for p in during), \
         f"the history shows Kubernetes lines it could not have seen: {during}"
     # Idle-first scale-in went on: the costs followed the tasks again after the outage.
-    assert patches_after > patches_before, (patches_before, patches_after)
+    assert patches_after > patches_before, (patches_before, costs_after, restarts)
 
 
 def test_keda_restarted_mid_burst(pool, cluster, control_plane, keda, airflow):
