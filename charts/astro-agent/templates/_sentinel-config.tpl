@@ -67,7 +67,9 @@ is listed: the KEDA-scaled ones, which KEDA reads from the Sentinel, and the HPA
 {{- $preWarm := dict "enabled" $w.preWarm.enabled -}}
 {{- with $w.preWarm.lead }}{{ $_ := set $preWarm "lead" (toString .) }}{{ end -}}
 {{- with $w.preWarm.maxSlots }}{{ $_ := set $preWarm "maxSlots" (int .) }}{{ end -}}
-{{- $workers = append $workers (dict "name" $w.deploymentName "queues" $w.queueList "syncSlots" (int $w.syncSlots) "minReplicas" (int $w.keda.minReplicaCount) "maxReplicas" (int $w.keda.maxReplicaCount) "preWarm" $preWarm) -}}
+{{- $worker := dict "name" $w.deploymentName "queues" $w.queueList "syncSlots" (int $w.syncSlots) "minReplicas" (int $w.keda.minReplicaCount) "maxReplicas" (int $w.keda.maxReplicaCount) "preWarm" $preWarm -}}
+{{- with $w.keda.overprovisionSlots }}{{ $_ := set $worker "overprovisionSlots" (int .) }}{{ end -}}
+{{- $workers = append $workers $worker -}}
 {{- else if eq $w.mode "hpa" -}}
 {{- $workers = append $workers (dict "name" $w.deploymentName "queues" $w.queueList "syncSlots" (int $w.syncSlots) "minReplicas" (int $w.hpa.minReplicaCount) "maxReplicas" (int $w.hpa.maxReplicaCount) "scaledBy" "hpa") -}}
 {{- end -}}

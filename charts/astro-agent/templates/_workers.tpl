@@ -157,6 +157,14 @@ Every refusal names the key and the fix.
 {{- fail (printf "workers[%d].keda.trigger is %q: use metrics-api or external-push" $i $trigger) -}}
 {{- end -}}
 {{- $_ := set $w.keda "trigger" $trigger -}}
+{{- $headroom := int (default 0 $w.keda.overprovisionSlots) -}}
+{{- if lt $headroom 0 -}}
+{{- fail (printf "workers[%d].keda.overprovisionSlots is %d: it must be 0 or more (slots kept free above the work)" $i $headroom) -}}
+{{- end -}}
+{{- if ge $headroom (mul $max $slots) -}}
+{{- fail (printf "workers[%d].keda.overprovisionSlots is %d: it must be below keda.maxReplicaCount × syncSlots (%d), or the pool would always be at its maximum" $i $headroom (mul $max $slots)) -}}
+{{- end -}}
+{{- $_ := set $w.keda "overprovisionSlots" $headroom -}}
 {{- /* The fallback holds a pool while the Sentinel cannot answer; it never raises one from zero.
        KEDA (>= 2.19) takes an applied fallback for an active trigger whatever its replica count,
        and wakes a Deployment at zero with it: with a fallback, every Sentinel outage longer than

@@ -41,6 +41,13 @@ pub struct WorkerBacklog {
     pub expected_slots: u64,
     /// The runs `expectedSlots` is for.
     pub expected_for: Vec<ExpectedRun>,
+    /// Headroom (`overprovisionSlots`): slots kept free above the work while the pool has any
+    /// (0 when it has none, so that the pool can still go to zero).
+    pub headroom_slots: u64,
+    /// What the pool is sized by: the larger of `backlog` and `expectedSlots`, plus
+    /// `headroomSlots`. KEDA reads it with a trigger of its own (`valueLocation:
+    /// scalingSlots`) when the worker keeps headroom.
+    pub scaling_slots: u64,
     /// Queued task instances (each counted once, whatever its slots).
     pub queued_tasks: u64,
     /// Running task instances.
@@ -198,6 +205,14 @@ pub fn worker_answer(
     let backlog = queued.saturating_add(running);
     let expected = snapshot.expected(&worker.name);
     let expected_slots = expected.map_or(0, |e| e.slots);
+    let work = backlog.max(expected_slots);
+    // Headroom rides on work: an idle pool keeps none and can still go to zero.
+    let headroom_slots = if work > 0 {
+        u64::from(worker.overprovision_slots)
+    } else {
+        0
+    };
+    let scaling_slots = work.saturating_add(headroom_slots);
     WorkerAnswer::Ready(WorkerBacklog {
         worker: worker.name.clone(),
         queues: worker.queues.clone(),
@@ -206,13 +221,15 @@ pub fn worker_answer(
         backlog,
         expected_slots,
         expected_for: expected.map(|e| e.runs.clone()).unwrap_or_default(),
+        headroom_slots,
+        scaling_slots,
         queued_tasks,
         running_tasks,
         oldest_queued_age_seconds: seconds(oldest_queued),
         held_tasks: snapshot.held(&worker.queues),
         sync_slots: worker.sync_slots,
         desired_replicas: desired_replicas(
-            backlog.max(expected_slots),
+            scaling_slots,
             worker.sync_slots,
             worker.min_replicas,
             worker.max_replicas,
@@ -225,9 +242,9 @@ pub fn worker_answer(
 }
 
 impl WorkerBacklog {
-    /// What the pool is sized by: the real backlog, or the slots expected by pre-warm when
-    /// more (the same run is never counted twice).
-    pub fn scaling_slots(&self) -> u64 {
+    /// The work the pool has: the real backlog, or the slots expected by pre-warm when more
+    /// (the same run is never counted twice); `scalingSlots` without the headroom.
+    pub fn work_slots(&self) -> u64 {
         self.backlog.max(self.expected_slots)
     }
 }
@@ -257,7 +274,53 @@ mod tests {
             sync_slots: slots,
             min_replicas: min,
             max_replicas: max,
+            overprovision_slots: 0,
         }
+    }
+
+    #[test]
+    fn headroom_rides_on_the_work_and_leaves_an_idle_pool_free_to_go_to_zero() {
+        let now = Instant::now();
+        let mut s = Snapshot::empty(&["q".to_string()]);
+        let mut keeps_headroom = worker(&["q"], 4, 0, 5);
+        keeps_headroom.overprovision_slots = 6;
+        let answer =
+            |s: &Snapshot| match worker_answer(&keeps_headroom, s, now, Duration::from_secs(30)) {
+                WorkerAnswer::Ready(b) => b,
+                other => panic!("expected ready, got {other:?}"),
+            };
+        s.record("q", Ok(tasks(0, 0)), now, SystemTime::now());
+        let idle = answer(&s);
+        assert_eq!(
+            (
+                idle.headroom_slots,
+                idle.scaling_slots,
+                idle.desired_replicas
+            ),
+            (0, 0, 0)
+        );
+        s.record("q", Ok(tasks(2, 1)), now, SystemTime::now());
+        let busy = answer(&s);
+        // 3 slots of work and 6 kept free: ceil(9 / 4) workers; the backlog stays the real one.
+        assert_eq!(
+            (
+                busy.backlog,
+                busy.headroom_slots,
+                busy.scaling_slots,
+                busy.desired_replicas
+            ),
+            (3, 6, 9, 3)
+        );
+        let json = serde_json::to_value(&busy).unwrap();
+        assert_eq!(
+            (
+                json["scalingSlots"].as_u64(),
+                json["headroomSlots"].as_u64()
+            ),
+            (Some(9), Some(6))
+        );
+        s.record("q", Ok(tasks(40, 0)), now, SystemTime::now());
+        assert_eq!(answer(&s).desired_replicas, 5, "never above the maximum");
     }
 
     #[test]
@@ -301,7 +364,7 @@ mod tests {
             (warm.backlog, warm.expected_slots, warm.desired_replicas),
             (2, 6, 3)
         );
-        assert_eq!(warm.scaling_slots(), 6);
+        assert_eq!(warm.scaling_slots, 6);
         assert_eq!(warm.expected_for, runs);
         let json = serde_json::to_value(&warm).unwrap();
         assert_eq!(json["expectedSlots"], 6);

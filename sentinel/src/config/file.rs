@@ -163,6 +163,9 @@ pub struct WorkerConfig {
     pub sync_slots: u32,
     pub min_replicas: u32,
     pub max_replicas: u32,
+    /// Headroom: slots kept free above the work while the pool has any, so a burst finds
+    /// capacity at once while more Pods (and the nodes under them) come.
+    pub overprovision_slots: u32,
 }
 
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(2);
@@ -292,6 +295,7 @@ struct RawWorker {
     max_replicas: Option<u32>,
     pre_warm: Option<RawPreWarm>,
     scaled_by: Option<ScaledBy>,
+    overprovision_slots: Option<u32>,
 }
 
 // ---- loading ------------------------------------------------------------------------------
@@ -628,6 +632,18 @@ fn validate_worker(
         )));
     }
     let scaled_by = raw.scaled_by.unwrap_or_default();
+    let overprovision_slots = raw.overprovision_slots.unwrap_or(0);
+    if overprovision_slots > 0 && scaled_by == ScaledBy::Hpa {
+        return Err(fail(
+            "overprovisionSlots: an HPA-scaled worker (scaledBy: hpa) scales on its agents' own queue stats, which hold no headroom: only KEDA reads it".into(),
+        ));
+    }
+    let capacity = u64::from(max_replicas) * u64::from(sync_slots);
+    if u64::from(overprovision_slots) >= capacity.max(1) {
+        return Err(fail(format!(
+            "overprovisionSlots: {overprovision_slots} is not below the pool's capacity (maxReplicas {max_replicas} × syncSlots {sync_slots} = {capacity}): the pool would always be at its maximum"
+        )));
+    }
     let mut pre_warm = pre_warm::validate(raw.pre_warm, fail)?;
     if scaled_by == ScaledBy::Hpa {
         // Only KEDA reads the expected slots: an HPA-scaled worker is not pre-warmed.
@@ -645,6 +661,7 @@ fn validate_worker(
             sync_slots,
             min_replicas,
             max_replicas,
+            overprovision_slots,
         },
         pre_warm,
         scaled_by,
@@ -948,6 +965,34 @@ workers:
         .unwrap_err()
         .0;
         assert!(e.contains("auth.tokenReview.audiences"), "{e}");
+    }
+
+    #[test]
+    fn headroom_is_below_the_pools_capacity_and_keda_only() {
+        let worker = |extra: &str| {
+            Config::parse(&format!(
+                "{BASE}workers:\n  - {{name: k, queues: [a], syncSlots: 4, maxReplicas: 3{extra}}}\n"
+            ))
+        };
+        assert_eq!(worker("").unwrap().workers[0].overprovision_slots, 0);
+        assert_eq!(
+            worker(", overprovisionSlots: 11").unwrap().workers[0].overprovision_slots,
+            11
+        );
+        let e = worker(", overprovisionSlots: 12").unwrap_err().0;
+        assert!(
+            e.starts_with("worker \"k\": overprovisionSlots: 12 is not below the pool's capacity"),
+            "{e}"
+        );
+        let e = worker(", overprovisionSlots: 2, scaledBy: hpa")
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("worker \"k\": overprovisionSlots: an HPA-scaled worker"),
+            "{e}"
+        );
+        let e = worker(", overprovisionSlots: -1").unwrap_err().0;
+        assert!(e.starts_with("worker \"k\": overprovisionSlots:"), "{e}");
     }
 
     #[test]

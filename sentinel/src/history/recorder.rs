@@ -224,6 +224,7 @@ mod tests {
             sync_slots: 4,
             min_replicas: 1,
             max_replicas: 5,
+            overprovision_slots: 0,
         }
     }
 

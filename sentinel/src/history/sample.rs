@@ -47,7 +47,7 @@ pub struct Sample {
 impl Sample {
     pub fn new(answer: &WorkerBacklog, cluster: ClusterView) -> Sample {
         Sample {
-            wanted: wanted_replicas(answer.scaling_slots(), answer.sync_slots),
+            wanted: wanted_replicas(answer.scaling_slots, answer.sync_slots),
             desired_replicas: answer.desired_replicas,
             cluster,
             backlog: saturate(answer.backlog),
@@ -251,6 +251,8 @@ pub(crate) mod tests {
             backlog: 70,
             expected_slots: 0,
             expected_for: Vec::new(),
+            headroom_slots: 0,
+            scaling_slots: 70,
             queued_tasks: 30,
             running_tasks: 10,
             oldest_queued_age_seconds: 0.0,

@@ -210,6 +210,7 @@ mod tests {
             sync_slots: 4,
             min_replicas: min,
             max_replicas: max,
+            overprovision_slots: 0,
         }
     }
 

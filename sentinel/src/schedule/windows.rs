@@ -309,6 +309,7 @@ mod tests {
                 sync_slots: 2,
                 min_replicas: 0,
                 max_replicas,
+                overprovision_slots: 0,
             },
             config: PreWarmConfig {
                 enabled: true,

@@ -120,7 +120,8 @@ fn is_active(
     staleness_limit: Duration,
 ) -> Result<bool, Status> {
     let b = backlog(&target.worker, snapshot, staleness_limit)?;
-    Ok(b.scaling_slots() as f64 > target.activation)
+    // The work decides, not the headroom riding on it: the same wake-up as without headroom.
+    Ok(b.work_slots() as f64 > target.activation)
 }
 
 type ActivityStream = Pin<Box<dyn Stream<Item = Result<IsActiveResponse, Status>> + Send>>;
@@ -223,8 +224,8 @@ impl ExternalScaler for ExternalScalerService {
         Ok(Response::new(GetMetricsResponse {
             metric_values: vec![MetricValue {
                 metric_name: METRIC_NAME.into(),
-                metric_value: i64::try_from(b.scaling_slots()).unwrap_or(i64::MAX),
-                metric_value_float: b.scaling_slots() as f64,
+                metric_value: i64::try_from(b.scaling_slots).unwrap_or(i64::MAX),
+                metric_value_float: b.scaling_slots as f64,
             }],
         }))
     }
@@ -260,6 +261,7 @@ mod tests {
             sync_slots: 4,
             min_replicas: 0,
             max_replicas: 10,
+            overprovision_slots: 0,
         }
     }
 
@@ -281,10 +283,13 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
+        fixture_for(worker("w", "q"))
+    }
+
+    fn fixture_for(w: WorkerConfig) -> Fixture {
         let cache = Arc::new(BacklogCache::new(Snapshot::empty(&["q".to_string()])));
         let stop = CancellationToken::new();
-        let service =
-            ExternalScalerService::new(&[worker("w", "q")], cache.clone(), LIMIT, stop.clone());
+        let service = ExternalScalerService::new(&[w], cache.clone(), LIMIT, stop.clone());
         Fixture {
             service,
             cache,
@@ -344,6 +349,26 @@ mod tests {
         assert_eq!(metric(&f).await.unwrap(), 3.0);
         f.cache.publish(pre_warmed(5));
         assert_eq!(metric(&f).await.unwrap(), 5.0, "max, not sum");
+    }
+
+    #[tokio::test]
+    async fn headroom_is_in_the_metric_and_the_work_alone_decides_activity() {
+        let mut spare = worker("w", "q");
+        spare.overprovision_slots = 4;
+        let f = fixture_for(spare);
+        let threshold = [(WORKER_KEY, "w"), (ACTIVATION_KEY, "2")];
+        f.cache.publish(snapshot(0, Duration::ZERO));
+        assert!(!active(&f, &threshold).await.unwrap());
+        assert_eq!(metric(&f).await.unwrap(), 0.0, "no work, no headroom");
+        f.cache.publish(snapshot(2, Duration::ZERO));
+        assert!(
+            !active(&f, &threshold).await.unwrap(),
+            "2 slots of work are not above 2"
+        );
+        assert_eq!(metric(&f).await.unwrap(), 6.0);
+        f.cache.publish(snapshot(3, Duration::ZERO));
+        assert!(active(&f, &threshold).await.unwrap());
+        assert_eq!(metric(&f).await.unwrap(), 7.0);
     }
 
     #[tokio::test]
