@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -56,10 +57,10 @@ def scaling(cluster, nodes, keda, airflow, release_factory):
         # chart's default step down (at most 2 Pods per 60 s) stays.
         "behavior": {"scaleDown": {"stabilizationWindowSeconds": 10}},
     }
-    # Idle-first scale-in (the chart's default) deletes an idle pod whenever there is one, and
-    # whether there is one when the backlog falls depends on which pods the first-ending tasks ran
-    # on: off here, so that Kubernetes' own choice deletes busy pods and the drain is exercised.
-    # Its own scenario is test_scale_in_idle_first.py.
+    # Idle-first scale-in (the chart's default) deletes an idle pod whenever there is one: off
+    # here, and the burst marks idle pods expensive (_BusyFirst), so that a scale-down deletes a
+    # pod that runs a task and the drain is exercised. Idle-first has its own scenario,
+    # test_scale_in_idle_first.py.
     values = chart_values(airflow, kubernetes={"idleFirstScaleIn": False})
     values["workers"] = [
         {"name": "burst", "queues": ["cluster-burst"], "syncSlots": 2,
@@ -120,20 +121,65 @@ def _parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
-def _run_burst(cluster, airflow, deployment: str, dag_id: str, token: str, timeout: float):
-    """Trigger ``dag_id`` with the pool at 0, record until the pool is back at 0."""
+class _BusyFirst(threading.Thread):
+    """Keeps the pool's idle pods expensive to delete (`controller.kubernetes.io/pod-deletion-cost`
+    1000) and its busy ones cheap (0), so that a scale-down deletes a pod that runs a task whenever
+    one does -- the case the drain is for. Left to itself, Kubernetes deletes the newest Ready pod,
+    idle as often as not, and some runs never exercised the drain."""
+
+    COST = "controller.kubernetes.io/pod-deletion-cost"
+
+    def __init__(self, cluster, airflow, deployment: str, dag_id: str, run_id: str):
+        super().__init__(daemon=True)
+        self.cluster, self.airflow, self.deployment = cluster, airflow, deployment
+        self.dag_id, self.run_id = dag_id, run_id
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(0.5):
+            try:
+                self._mark()
+            except Exception:  # noqa: BLE001 - a failed read or patch: the next round marks again
+                pass
+
+    def _mark(self) -> None:
+        busy = {t["hostname"] for t in self.airflow.client.task_instances(self.dag_id, self.run_id)
+                if t["state"] == "running"}
+        pods = self.cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"deploymentName={self.deployment}")
+        for pod in pods.items:
+            if pod.metadata.deletion_timestamp is not None:
+                continue
+            cost = "0" if pod.metadata.name in busy else "1000"
+            if (pod.metadata.annotations or {}).get(self.COST) != cost:
+                self.cluster.core.patch_namespaced_pod(pod.metadata.name, NAMESPACE,
+                                                       {"metadata": {"annotations": {self.COST: cost}}})
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=10)
+
+
+def _run_burst(cluster, airflow, deployment: str, dag_id: str, token: str, timeout: float, busy_first: bool = False):
+    """Trigger ``dag_id`` with the pool at 0, record until the pool is back at 0 (with
+    ``busy_first``, a scale-down deletes a busy pod while there is one: see _BusyFirst)."""
     pods = PodRecorder(cluster, NAMESPACE, f"deploymentName={deployment}")
     timeline = ReplicaTimeline(cluster, NAMESPACE, deployment, f"keda-hpa-{deployment}",
                                _backlog_reader(token, deployment), pods)
+    steering = None
     pods.start()
     timeline.start()
     try:
         airflow.client.ensure_runnable(dag_id)
         run_id = airflow.client.trigger(dag_id)
+        if busy_first:
+            steering = _BusyFirst(cluster, airflow, deployment, dag_id, run_id)
+            steering.start()
         state = airflow.client.wait_run(dag_id, run_id, timeout=timeout)
         tis = airflow.client.task_instances(dag_id, run_id)
         wait_for(lambda: _pool_at_zero(cluster, deployment), 180, f"{deployment} back at 0 after the cooldown")
     finally:
+        if steering is not None:
+            steering.stop()
         timeline.stop()
         pods.stop()
         print(f"\n{deployment} replica timeline ({dag_id}):\n{timeline.table()}")
@@ -141,7 +187,8 @@ def _run_burst(cluster, airflow, deployment: str, dag_id: str, token: str, timeo
 
 
 def test_keda_scales_a_burst_from_zero_to_max_and_back_draining_deleted_pods(scaling, cluster, airflow):
-    state, tis, timeline, stories = _run_burst(cluster, airflow, BURST, "cluster_burst", scaling["token"], 600)
+    state, tis, timeline, stories = _run_burst(cluster, airflow, BURST, "cluster_burst", scaling["token"], 600,
+                                               busy_first=True)
 
     assert state == "success", f"run ended {state}"
     assert [t["task_id"] for t in tis if t["state"] != "success"] == []
