@@ -23,6 +23,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// How long one patch may take. The client sets no read timeout (its watches are long-lived),
+/// and a patch sent as the API server restarts can go unanswered for good: unbounded, it would
+/// hold the loop, and with it every cost, from then on.
+const PATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The slots each worker runs as two reads in a row confirm them: a rise counts at once, a fall
 /// only once the next read sees it too. The REST source pages through the running task
@@ -131,18 +135,20 @@ impl DeletionCostLoop {
                 let patch = serde_json::json!({
                     "metadata": {"annotations": {DELETION_COST: wanted.to_string()}}
                 });
-                match self
-                    .pods
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => {
+                let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+                let patched = self.pods.patch(name, &params, &patch);
+                match tokio::time::timeout(PATCH_TIMEOUT, patched).await {
+                    Ok(Ok(_)) => {
                         self.patches.with_label_values(&["ok"]).inc();
                         tracing::debug!(pod = name, cost = wanted, "pod deletion cost set");
                     }
-                    Err(e) => {
+                    Ok(Err(e)) => {
                         self.patches.with_label_values(&["error"]).inc();
                         tracing::warn!(pod = name, error = %e, "cannot set the pod deletion cost");
+                    }
+                    Err(_) => {
+                        self.patches.with_label_values(&["error"]).inc();
+                        tracing::warn!(pod = name, timeout = ?PATCH_TIMEOUT, "the API server did not answer a deletion-cost patch");
                     }
                 }
             }
