@@ -35,6 +35,7 @@ type sentinelAnswer struct {
 	Queued          int64    `json:"queued"`
 	Running         int64    `json:"running"`
 	Backlog         float64  `json:"backlog"`
+	ScalingSlots    int64    `json:"scalingSlots"`
 	SyncSlots       int64    `json:"syncSlots"`
 	DesiredReplicas int32    `json:"desiredReplicas"`
 	MinReplicas     int32    `json:"minReplicas"`
@@ -176,6 +177,7 @@ func TestKEDAReadsTheBacklog(t *testing.T) {
 				t.Fatalf("KEDA's metrics server gives %+v, the scaler read %s", list.Items, &value)
 			}
 			hpa := hpaDesired(list.Items[0].Value, target, *so.GetHPAMinReplicas(), so.GetHPAMaxReplicas())
+			hpa = max(hpa, checkHeadroomTrigger(t, ctx, e, c, so, name, expected, ans, wantActive))
 			replicas := hpa
 			idle := int32(0)
 			if so.Spec.MinReplicaCount != nil {
@@ -207,6 +209,38 @@ func TestKEDAReadsTheBacklog(t *testing.T) {
 			checkAgeTrigger(t, ctx, e, c, so, name, expected > 0)
 		})
 	}
+}
+
+// checkHeadroomTrigger: where the values keep headroom (keda.overprovisionSlots), KEDA's
+// metrics-api scaler reads the Sentinel's scalingSlots — the backlog plus the headroom while there
+// is any backlog, 0 without — and its activity follows the work alone, as the backlog trigger's
+// does. Returns what the HPA makes of that trigger (0 without one): it takes the larger proposal.
+func checkHeadroomTrigger(t *testing.T, ctx context.Context, e *liveEnv, c *cache.ScalersCache,
+	so *kedav1alpha1.ScaledObject, name string, backlog int64, ans sentinelAnswer, wantActive bool) int32 {
+	t.Helper()
+	proposal := int32(0)
+	for _, ht := range sentinelTriggers(so, "scalingSlots") {
+		spec := metricSpecOf(t, ctx, c, ht.Index)
+		metrics, active, _, err := c.GetMetricsAndActivityForScaler(ctx, ht.Index, spec.External.Metric.Name)
+		if err != nil || len(metrics) != 1 {
+			t.Fatalf("KEDA's metrics-api scaler reading scalingSlots: %+v, %v", metrics, err)
+		}
+		headroom := int64(0)
+		if backlog > 0 {
+			headroom = e.pod.worker(name).OverprovisionSlots
+		}
+		value := metrics[0].Value
+		if value.MilliValue() != (backlog+headroom)*1000 || ans.ScalingSlots != backlog+headroom {
+			t.Errorf("KEDA reads scalingSlots %s, the Sentinel answers %d; backlog %d plus headroom %d is %d",
+				&value, ans.ScalingSlots, backlog, headroom, backlog+headroom)
+		}
+		if active != wantActive {
+			t.Errorf("the headroom trigger's activity at backlog %d is %v, want %v: the work alone wakes a pool", backlog, active, wantActive)
+		}
+		proposal = max(proposal, hpaDesired(value, *spec.External.Target.AverageValue, *so.GetHPAMinReplicas(), so.GetHPAMaxReplicas()))
+		t.Logf("headroom %d: KEDA reads scalingSlots %s, active %v → HPA %d", headroom, &value, active, proposal)
+	}
+	return proposal
 }
 
 // checkAgeTrigger: where the values add the trigger on the oldest queued wait, KEDA's metric

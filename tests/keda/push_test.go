@@ -41,6 +41,8 @@ type pushEnv struct {
 	CACert   string  `json:"caCert"`
 	Client   pemPair `json:"client"`
 	Stranger pemPair `json:"stranger"` // signed by another CA
+	// After a rotation: the server CA the Sentinel's certificate no longer chains to.
+	OldCACert string `json:"oldCaCert,omitempty"`
 	// A Sentinel whose Airflow is unreachable: every worker's backlog is unknown.
 	DeadScaler string `json:"deadScaler"`
 	Worker     string `json:"worker"`
@@ -339,6 +341,29 @@ func TestExternalPushAgainstTheSentinel(t *testing.T) {
 	}
 	if code := streamCode(t, e.DeadScaler, e.Worker, e.mtls()); code != codes.Unavailable {
 		t.Errorf("StreamIsActive for an unknown backlog: %v, want Unavailable", code)
+	}
+}
+
+// TestExternalPushAfterCertificateRotation: the driver replaced the live Sentinel's certificate,
+// key and client CA under the running process, as a renewed Secret reaches its volume; push.json
+// now names the new ones, `stranger` the old client certificate and `oldCaCert` the old server
+// CA. KEDA's scaler built from the new TriggerAuthentication is served; the old client
+// certificate is refused, and the old CA no longer verifies the Sentinel.
+func TestExternalPushAfterCertificateRotation(t *testing.T) {
+	e := loadPushEnv(t)
+	ctx := context.Background()
+	if _, _, err := pushScaler(t, e.Scaler, e.Worker, e.mtls()).GetMetricsAndActivity(ctx, "s0-backlog"); err != nil {
+		t.Fatalf("KEDA with the rotated certificates: %v", err)
+	}
+	for name, auth := range map[string]map[string]string{
+		"the old client certificate": {"caCert": e.CACert, "tlsClientCert": e.Stranger.Cert, "tlsClientKey": e.Stranger.Key},
+		"the old server CA":          {"caCert": e.OldCACert, "tlsClientCert": e.Client.Cert, "tlsClientKey": e.Client.Key},
+	} {
+		if _, _, err := pushScaler(t, e.Scaler, e.Worker, auth).GetMetricsAndActivity(ctx, "s0-backlog"); err == nil {
+			t.Errorf("%s: still accepted after the rotation", name)
+		} else {
+			t.Logf("%s: refused: %v", name, err)
+		}
 	}
 }
 

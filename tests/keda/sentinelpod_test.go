@@ -47,6 +47,8 @@ type sentinelWorker struct {
 	SyncSlots   int64    `json:"syncSlots"`
 	MinReplicas int32    `json:"minReplicas"`
 	MaxReplicas int32    `json:"maxReplicas"`
+	// Headroom (keda.overprovisionSlots); absent: 0.
+	OverprovisionSlots int64 `json:"overprovisionSlots"`
 }
 
 // sentinelPod is what the Pod behind a trigger URL sees, worked out from the rendered objects

@@ -8,7 +8,10 @@ port for KEDA's external scaler API behind mutual TLS (certificates made here wi
   ``push`` on queue ``push`` (DAG ``e2e_push_1``: one task nothing serves, so it stays queued);
 * the dead one points at a port where nothing listens: every backlog stays unknown.
 
-``test_external_push`` runs the pass/fail checks (TestExternalPushAgainstTheSentinel).
+``test_external_push`` runs the pass/fail checks (TestExternalPushAgainstTheSentinel);
+``test_certificates_rotated_under_the_running_sentinel`` then replaces the live Sentinel's
+certificate, key and client CA files (new CAs for both) and runs
+TestExternalPushAfterCertificateRotation once the Sentinel has applied the change.
 ``test_wake_up_latency_benchmark`` runs only with ``KEDA_PUSH_BENCH_TRIALS`` set (see
 ``benchmarks/sentinel/push_latency.sh``): queued_dttm → KEDA active for the push scaler and for
 the metrics-api scaler polled every ``KEDA_PUSH_BENCH_POLL`` seconds (comma-separated).
@@ -20,9 +23,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -122,7 +127,7 @@ def push_env(tmp_path_factory):
         }
         path = work / "push.json"
         path.write_text(json.dumps(env, indent=2))
-        yield path, env, daemons
+        yield path, env, daemons, (tls, http_port)
     finally:
         for d in daemons:
             d.stop()
@@ -145,7 +150,7 @@ def go_test(name: str, push_json: Path, timeout: float) -> str:
 
 
 def test_external_push(push_env):
-    path, _, _ = push_env
+    path, _, _, _ = push_env
     go_test("TestExternalPushAgainstTheSentinel", path, 600)
 
 
@@ -153,9 +158,38 @@ def test_wake_up_latency_benchmark(push_env):
     trials = int(os.environ.get("KEDA_PUSH_BENCH_TRIALS") or 0)
     if not trials:
         pytest.skip("benchmark: set KEDA_PUSH_BENCH_TRIALS (benchmarks/sentinel/push_latency.sh)")
-    path, env, _ = push_env
+    path, env, _, _ = push_env
     polls = [int(s) for s in os.environ.get("KEDA_PUSH_BENCH_POLL", "30").split(",") if s.strip()]
     path.write_text(json.dumps({**env, "trials": trials, "pollingIntervals": polls}, indent=2))
     out = go_test("TestWakeUpLatencyBenchmark", path, trials * (max(polls, default=0) + 90) + 120)
     summary = [line.strip() for line in out.splitlines() if "BENCH" in line]
     print(f"\nrefresh interval {env['refresh']}, {trials} trials:\n" + "\n".join(summary))
+
+
+def _reloads_applied(http_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    series = 'astro_sentinel_external_scaler_certificate_reloads_total{outcome="applied"} '
+    return sum(float(line[len(series):]) for line in text.splitlines() if line.startswith(series))
+
+
+def test_certificates_rotated_under_the_running_sentinel(push_env, tmp_path):
+    """After the checks above: new CAs, a new serving certificate and a new client CA written
+    over the files the running Sentinel was started with (each by a rename, as a Secret volume
+    changes); KEDA's scaler with the new TriggerAuthentication is served, the old client
+    certificate and the old server CA are not."""
+    _, env, _, (tls, http_port) = push_env
+    server_ca, client_ca = make_ca(tmp_path, "server-ca-2"), make_ca(tmp_path, "client-ca-2")
+    server = issue(server_ca, tmp_path, "server", "127.0.0.1", ips=("127.0.0.1",))
+    client = issue(client_ca, tmp_path, "keda", "keda-operator", client=True)
+    for target, source in ((tls["cert"], server.cert), (tls["key"], server.key), (tls["client_ca"], client_ca.cert)):
+        staged = target.with_suffix(".staged")
+        shutil.copyfile(source, staged)
+        os.replace(staged, target)
+    wait_for(lambda: _reloads_applied(http_port) >= 1, 30, "the live Sentinel applying the new certificates")
+    rotated = {**env, "caCert": server_ca.cert.read_text(), "oldCaCert": env["caCert"],
+               "client": {"cert": client.cert.read_text(), "key": client.key.read_text()},
+               "stranger": env["client"]}
+    rotated_path = tmp_path / "push-rotated.json"
+    rotated_path.write_text(json.dumps(rotated, indent=2))
+    go_test("TestExternalPushAfterCertificateRotation", rotated_path, 120)

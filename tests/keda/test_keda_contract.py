@@ -7,7 +7,7 @@ The Go test binary (``*_test.go``, KEDA pinned in ``go.mod``) holds every check;
 prepares the inputs and the peers, then runs the binary once per scenario and phase:
 
 * Scenarios: every ``tests/chart/values/*.yaml`` with KEDA workers, plus
-  ``tests/keda/values/contract.yaml`` (three KEDA workers on queue ``sentinel``) and, static only,
+  ``tests/keda/values/contract.yaml`` (four KEDA workers on queue ``sentinel``) and, static only,
   ``tests/keda/values/external-push.yaml`` (a worker on the external-push trigger). Each is rendered
   with the pinned helm (namespace ``astro-test``) into a temp folder; the binary's ``prepare`` tool
   writes ``scenario.json`` (what the values ask of each KEDA worker) and ``provided.yaml`` (the
