@@ -12,23 +12,6 @@ Arguments: dict "root" (the chart context), "w" (the resolved worker), "url", "b
 */}}
 {{- define "astro-agent.headroomTrigger" -}}
 {{- if and (gt (int .w.keda.overprovisionSlots) 0) (ne .w.keda.trigger "external-push") -}}
-- type: metrics-api
-  name: headroom
-  metricType: AverageValue
-  metadata:
-    url: {{ .url | quote }}
-    format: json
-    valueLocation: scalingSlots
-    targetValue: {{ int .w.syncSlots | quote }}
-    activationTargetValue: {{ addf (float64 .w.keda.activationTargetValue) .w.keda.overprovisionSlots | toString | quote }}
-    authModes: bearer
-  authenticationRef:
-    {{- if .bound }}
-    kind: ClusterTriggerAuthentication
-    name: {{ include "astro-agent.kedaIdentityName" .root }}
-    {{- else }}
-    kind: TriggerAuthentication
-    name: {{ include "astro-agent.triggerAuthName" .root }}
-    {{- end }}
+{{- include "astro-agent.sentinelTrigger" (dict "root" .root "url" .url "bound" .bound "name" "headroom" "metricType" "AverageValue" "valueLocation" "scalingSlots" "target" (int .w.syncSlots) "activation" (addf (float64 .w.keda.activationTargetValue) .w.keda.overprovisionSlots)) }}
 {{- end }}
 {{- end -}}

@@ -9,23 +9,6 @@ Arguments: dict "root" (the chart context), "w" (the resolved worker), "url", "b
 */}}
 {{- define "astro-agent.preWarmTrigger" -}}
 {{- if and .w.preWarm.enabled (ne .w.keda.trigger "external-push") -}}
-- type: metrics-api
-  name: pre-warm
-  metricType: AverageValue
-  metadata:
-    url: {{ .url | quote }}
-    format: json
-    valueLocation: expectedSlots
-    targetValue: {{ int .w.syncSlots | quote }}
-    activationTargetValue: {{ toString .w.keda.activationTargetValue | quote }}
-    authModes: bearer
-  authenticationRef:
-    {{- if .bound }}
-    kind: ClusterTriggerAuthentication
-    name: {{ include "astro-agent.kedaIdentityName" .root }}
-    {{- else }}
-    kind: TriggerAuthentication
-    name: {{ include "astro-agent.triggerAuthName" .root }}
-    {{- end }}
+{{- include "astro-agent.sentinelTrigger" (dict "root" .root "url" .url "bound" .bound "name" "pre-warm" "metricType" "AverageValue" "valueLocation" "expectedSlots" "target" (int .w.syncSlots) "activation" .w.keda.activationTargetValue) }}
 {{- end }}
 {{- end -}}

@@ -9,22 +9,6 @@ Arguments: dict "root" (the chart context), "w" (the resolved worker), "url", "b
 {{- define "astro-agent.queuedAgeTrigger" -}}
 {{- $age := .w.keda.queuedAge -}}
 {{- if $age.enabled -}}
-- type: metrics-api
-  name: oldest-queued-age
-  metricType: Value
-  metadata:
-    url: {{ .url | quote }}
-    format: json
-    valueLocation: oldestQueuedAgeSeconds
-    targetValue: {{ toString $age.targetSeconds | quote }}
-    authModes: bearer
-  authenticationRef:
-    {{- if .bound }}
-    kind: ClusterTriggerAuthentication
-    name: {{ include "astro-agent.kedaIdentityName" .root }}
-    {{- else }}
-    kind: TriggerAuthentication
-    name: {{ include "astro-agent.triggerAuthName" .root }}
-    {{- end }}
+{{- include "astro-agent.sentinelTrigger" (dict "root" .root "url" .url "bound" .bound "name" "oldest-queued-age" "metricType" "Value" "valueLocation" "oldestQueuedAgeSeconds" "target" $age.targetSeconds "activation" "") }}
 {{- end }}
 {{- end -}}
