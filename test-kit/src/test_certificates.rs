@@ -32,27 +32,21 @@ impl TestCa {
             cert: dir.join(format!("{name}.crt")),
             key: dir.join(format!("{name}.key")),
         };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &text(&pair.key),
-            "-out",
-            &text(&pair.cert),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={name}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ]);
+        // Self-signed: the request is the certificate.
+        new_key_and_request(
+            &pair.key,
+            &pair.cert,
+            name,
+            &[
+                "-x509",
+                "-days",
+                "2",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
         TestCa {
             name: name.to_string(),
             pair,
@@ -77,20 +71,7 @@ impl TestCa {
             format!("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n{purpose}"),
         )
         .unwrap();
-        openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &text(&pair.key),
-            "-out",
-            &text(&csr),
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
+        new_key_and_request(&pair.key, &csr, name, &[]);
         openssl(&[
             "x509",
             "-req",
@@ -110,6 +91,28 @@ impl TestCa {
         ]);
         pair
     }
+}
+
+/// A new P-256 key at `key` and a request (or, with `-x509` in `extra`, a certificate) for
+/// CN=`name` at `out`.
+fn new_key_and_request(key: &Path, out: &Path, name: &str, extra: &[&str]) {
+    let (key, out, subject) = (text(key), text(out), format!("/CN={name}"));
+    let mut args = vec![
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &out,
+        "-subj",
+        &subject,
+    ];
+    args.extend_from_slice(extra);
+    openssl(&args);
 }
 
 fn text(path: &Path) -> String {
