@@ -770,3 +770,22 @@ def test_a_failed_init_container_fails_a_never_pod_and_stops_its_sidecars(standi
     assert container_state(pod, "main")["state"]["waiting"]["reason"] == "PodInitializing"
     assert condition(pod, "Initialized") == "False"
     delete_and_record(api, namespace, "broken")
+
+
+def test_a_pod_marked_not_ready_by_the_control_plane_is_set_ready_again(standin, namespace):
+    """The node lifecycle controller marks a Pod Ready=False when its Node stopped reporting (an
+    API server away for longer than the grace period); the kubelet's status manager then finds
+    the API server's status at odds with its own and writes it again."""
+    create_pod(standin, namespace, "steady", [{"name": "main", "command": ["python", "-c", SLEEPER]}])
+    path = f"/api/v1/namespaces/{namespace}/pods/steady"
+
+    def ready() -> str | None:
+        pod = standin.request("GET", path)
+        return next((c["status"] for c in pod["status"].get("conditions") or [] if c["type"] == "Ready"), None)
+
+    wait_for(lambda: ready() == "True", 60, "steady Ready")
+    marked = standin.request("PATCH", f"{path}/status", {"status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "NodeNotReady", "message": "as the node lifecycle controller writes it"}]}},
+        patch="strategic")
+    assert [c["status"] for c in marked["status"]["conditions"] if c["type"] == "Ready"] == ["False"]
+    wait_for(lambda: ready() == "True", 30, "the stand-in setting steady Ready again")

@@ -78,6 +78,18 @@ def with_deletions(status: Obj) -> Obj:
     return patch
 
 
+def _conditions(status: Obj) -> dict[str, str]:
+    """The phase and each condition's status, as a status holds them."""
+    return {"phase": status.get("phase", "")} | {c["type"]: c["status"] for c in status.get("conditions") or []}
+
+
+def _disagrees(held: Obj, ours: Obj) -> bool:
+    """Whether the API server's status says otherwise than ours on what the kubelet sets (the
+    scheduler's and other controllers' own conditions left out)."""
+    theirs = _conditions(held)
+    return any(theirs.get(key) != value for key, value in _conditions(ours).items())
+
+
 class StatusReports:
     """The status half of :class:`standin.pod.PodWorker`."""
 
@@ -88,7 +100,11 @@ class StatusReports:
         returns False when it should be tried again."""
         with self._cond:
             status = self._status(pod, final)
-        if status == self._sent:
+        # As the kubelet's status manager reconciles: written again when the Pod as the API
+        # server holds it says otherwise -- the node lifecycle controller marks a Pod not Ready
+        # when its Node stopped reporting (an API server away for longer than the grace period),
+        # and only the kubelet sets it Ready again.
+        if status == self._sent and not _disagrees(pod.get("status") or {}, status):
             return True
         try:
             self.node.machine.api.request("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{self.name}/status",
