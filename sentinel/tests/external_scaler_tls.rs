@@ -69,6 +69,30 @@ impl MountedSecret {
     }
 }
 
+/// The two CAs of the port's mutual TLS (`suffix` tells generations apart), the Sentinel's
+/// serving certificate and KEDA's client certificate.
+struct Pki {
+    server_ca: TestCa,
+    client_ca: TestCa,
+    server: KeyPair,
+    keda: KeyPair,
+}
+
+impl Pki {
+    fn new(dir: &Path, suffix: &str) -> Self {
+        let server_ca = TestCa::new(dir, &format!("server-ca{suffix}"));
+        let client_ca = TestCa::new(dir, &format!("client-ca{suffix}"));
+        let server = server_ca.issue("sentinel", Usage::Server);
+        let keda = client_ca.issue("keda", Usage::Client);
+        Pki {
+            server_ca,
+            client_ca,
+            server,
+            keda,
+        }
+    }
+}
+
 /// A channel to the port that trusts `server_ca` and presents `client`.
 async fn connect(
     scaler: SocketAddr,
@@ -187,14 +211,12 @@ async fn rotated_certificates_reach_new_connections_and_a_broken_change_is_refus
     let (airflow, airflow_server) = fake_airflow().await;
     airflow.set("default", 3, 0);
     let dir = TempDir::new("scaler-certificates");
-    let (server_ca, client_ca) = (
-        TestCa::new(&dir.0, "server-ca"),
-        TestCa::new(&dir.0, "client-ca"),
-    );
-    let (server, keda) = (
-        server_ca.issue("sentinel", Usage::Server),
-        client_ca.issue("keda", Usage::Client),
-    );
+    let Pki {
+        server_ca,
+        client_ca,
+        server,
+        keda,
+    } = Pki::new(&dir.0, "");
     let secret = MountedSecret::new(dir.0.join("secret"));
     secret.write(&server.cert, &server.key, &client_ca);
     let (mut sentinel, scaler) = start(&dir, airflow_server.addr, &secret).await;
@@ -206,14 +228,12 @@ async fn rotated_certificates_reach_new_connections_and_a_broken_change_is_refus
     let open_before = connect(scaler, &server_ca, &keda).await.unwrap();
 
     // Renewed: a new server certificate from a new CA, and KEDA's client CA rotated too.
-    let (new_server_ca, new_client_ca) = (
-        TestCa::new(&dir.0, "server-ca-2"),
-        TestCa::new(&dir.0, "client-ca-2"),
-    );
-    let (new_server, new_keda) = (
-        new_server_ca.issue("sentinel", Usage::Server),
-        new_client_ca.issue("keda", Usage::Client),
-    );
+    let Pki {
+        server_ca: new_server_ca,
+        client_ca: new_client_ca,
+        server: new_server,
+        keda: new_keda,
+    } = Pki::new(&dir.0, "-2");
     secret.write(&new_server.cert, &new_server.key, &new_client_ca);
     eventually(Duration::from_secs(10), "the change applied", || async {
         (reloads(&sentinel, "applied").await >= 1.0).then_some(())
@@ -258,13 +278,9 @@ async fn rotated_certificates_reach_new_connections_and_a_broken_change_is_refus
 async fn a_handshake_dripped_a_byte_at_a_time_is_cut_at_the_handshake_limit() {
     let (_airflow, airflow_server) = fake_airflow().await;
     let dir = TempDir::new("scaler-handshake");
-    let (server_ca, client_ca) = (
-        TestCa::new(&dir.0, "server-ca"),
-        TestCa::new(&dir.0, "client-ca"),
-    );
-    let server = server_ca.issue("sentinel", Usage::Server);
+    let pki = Pki::new(&dir.0, "");
     let secret = MountedSecret::new(dir.0.join("secret"));
-    secret.write(&server.cert, &server.key, &client_ca);
+    secret.write(&pki.server.cert, &pki.server.key, &pki.client_ca);
     let (_sentinel, scaler) = start(&dir, airflow_server.addr, &secret).await;
 
     // A TLS record header announcing a large ClientHello, then its body a byte every 2 s:

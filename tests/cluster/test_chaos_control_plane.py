@@ -32,6 +32,7 @@ from infra import outage
 from infra.drain_check import assert_drained
 from infra.task_counts import assert_all_succeeded
 from infra.kube import PodRecorder, ReplicaTimeline, condition
+from infra.metrics_sample import sample
 from standin import container_log_path
 
 pytestmark = pytest.mark.alone
@@ -91,18 +92,11 @@ def _cost_set_right(cluster, pod: str) -> str | None:
     return cost if cost != WRONG_COST else None
 
 
-def _deletion_costs(session) -> dict:
-    """The Sentinel's deletion-cost patches so far by outcome, whether it holds the Lease, and
-    its container's restarts (a restart would start the counts again)."""
-    text = session.get(f"{SENTINEL}/metrics", timeout=5).text
-    state = {"ok": 0.0, "error": 0.0, "leader": None}
-    for line in text.splitlines():
-        value = line.rsplit(" ", 1)[-1]
-        if line.startswith("astro_sentinel_pod_deletion_cost_patches_total{"):
-            state["ok" if 'outcome="ok"' in line else "error"] += float(value)
-        elif line.startswith("astro_sentinel_deletion_cost_leader "):
-            state["leader"] = float(value)
-    return state
+def _deletion_costs() -> dict:
+    """The Sentinel's deletion-cost patches so far by outcome, and whether it holds the Lease."""
+    url, patches = f"{SENTINEL}/metrics", 'astro_sentinel_pod_deletion_cost_patches_total{{outcome="{}"}}'
+    return {"ok": sample(url, patches.format("ok")) or 0.0, "error": sample(url, patches.format("error")) or 0.0,
+            "leader": sample(url, "astro_sentinel_deletion_cost_leader")}
 
 
 def _sentinel_warnings(cluster, lines: int = 15) -> str:
@@ -211,7 +205,7 @@ class _Burst:
 def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, keda, airflow):
     session = pool
     with _Burst(cluster, airflow, session) as burst:
-        patches_before = _deletion_costs(session)["ok"]
+        patches_before = _deletion_costs()["ok"]
         restarts_before = _sentinel_restarts(cluster)
         down = outage.begin(control_plane, keda, "kube-apiserver", APISERVER_DOWN_SECONDS)
         began = burst.mark("kube-apiserver stopping")
@@ -230,11 +224,11 @@ def test_the_api_server_away_for_30s_mid_burst(pool, cluster, control_plane, ked
         cluster.core.patch_namespaced_pod(busy, NAMESPACE, {"metadata": {"annotations": {COST: WRONG_COST}}})
         wrong = burst.mark(f"deletion cost of {busy} set to {WRONG_COST}")
         corrected = wait_for(lambda: _cost_set_right(cluster, busy), 30, f"the Sentinel setting {busy}'s cost right",
-                             on_timeout=lambda: f"the Sentinel's deletion costs: {_deletion_costs(session)}; "
+                             on_timeout=lambda: f"the Sentinel's deletion costs: {_deletion_costs()}; "
                                                 f"its last warnings:\n{_sentinel_warnings(cluster)}")
         burst.mark(f"the Sentinel set it to {corrected}, {time.time() - wrong:.1f} s later")
         tis = burst.finish()
-        costs_after = _deletion_costs(session)
+        costs_after = _deletion_costs()
     burst.never_at_zero_while_working()
     restarts = (restarts_before, _sentinel_restarts(cluster))
     print(f"deletion-cost patches: {patches_before} before the outage, {costs_after} at the end; "
