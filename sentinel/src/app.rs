@@ -10,7 +10,8 @@
 mod generation;
 
 use crate::config::file::{Config, HistoryConfig, WorkerConfig};
-use crate::config::flags::{KubernetesAccess, Settings, SourceSettings};
+use crate::config::flags::{Settings, SourceSettings};
+use crate::config::kubernetes_access::KubernetesAccess;
 use crate::config::reload::{keep_fixed_settings, ConfigFileWatch};
 use crate::config::ConfigError;
 use crate::history::clock::{unix_ms, SystemClock, WallClock};

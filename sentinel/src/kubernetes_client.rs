@@ -3,7 +3,7 @@
 //! rotates) and the Sentinel's service-account token file (re-read at least once a minute, as
 //! client-go does; the kubelet rotates the token well before the previous one expires).
 
-use crate::config::flags::KubernetesAccess;
+use crate::config::kubernetes_access::KubernetesAccess;
 
 /// For the watches and patches of the worker Deployments and pods: transient API server
 /// answers (429, 503, 504) are retried with backoff.

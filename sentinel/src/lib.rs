@@ -14,7 +14,8 @@
 //!
 //! [`config`] reads what the Sentinel runs with, [`app`] starts the parts, [`metrics`] counts
 //! them, [`kubernetes_client`] reaches the Kubernetes API (the pool view, TokenReview), and
-//! [`shutdown`] stops them on a signal.
+//! [`shutdown`] stops them on a signal. [`secrets`] is the `ensure-secrets` command the chart
+//! runs before an install or upgrade: KEDA's token and the external scaler's certificates.
 
 pub mod app;
 pub mod backlog;
@@ -24,6 +25,7 @@ pub mod kubernetes_client;
 pub mod metrics;
 pub mod pool;
 pub mod schedule;
+pub mod secrets;
 pub mod serve;
 pub mod shutdown;
 pub mod sources;

@@ -1,5 +1,7 @@
 //! astro-sentinel: the backlog service KEDA asks. Exit codes: 0 clean stop on SIGTERM or
 //! SIGINT, 2 invalid configuration (one line naming the field), 1 runtime error.
+//! `astro-sentinel ensure-secrets` makes the Secrets its callers authenticate with
+//! ([`astro_sentinel::secrets`]).
 
 use astro_sentinel::app::{self, StartError};
 use astro_sentinel::config::flags::{Flags, Settings};
@@ -9,6 +11,11 @@ use std::process::ExitCode;
 const EXIT_RUNTIME: u8 = 1;
 
 fn main() -> ExitCode {
+    // A subcommand before the Sentinel's flags, which stay top-level (`ASTRO_SENTINEL_*`).
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(std::ffi::OsStr::new("ensure-secrets")) {
+        return astro_sentinel::secrets::main(args);
+    }
     let flags: Flags = match logging::flags::parse() {
         Ok(flags) => flags,
         Err(exit) => return exit,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use astro_sentinel::config::flags::KubernetesAccess;
+use astro_sentinel::config::kubernetes_access::KubernetesAccess;
 use common::*;
 use std::sync::atomic::Ordering;
 use std::time::Duration;

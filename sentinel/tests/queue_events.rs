@@ -4,7 +4,7 @@
 
 mod common;
 
-use astro_sentinel::config::flags::KubernetesAccess;
+use astro_sentinel::config::kubernetes_access::KubernetesAccess;
 use common::*;
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -8,7 +8,7 @@
 
 mod common;
 
-use astro_sentinel::config::flags::KubernetesAccess;
+use astro_sentinel::config::kubernetes_access::KubernetesAccess;
 use astro_sentinel::serve::auth::token_review::{REFUSAL_TTL, REVIEWS_PER_SECOND, REVIEW_BURST};
 use common::*;
 use futures_util::future::join_all;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use astro_sentinel::config::flags::KubernetesAccess;
+use astro_sentinel::config::kubernetes_access::KubernetesAccess;
 use common::*;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;

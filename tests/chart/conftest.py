@@ -3,6 +3,7 @@ the Kubernetes API schemas (kubernetes-validate) and the real CRDs of KEDA and p
 (read from their Go modules); and what a values file means, which the test files compare the
 rendered objects with. Everything is offline once the caches are warm."""
 
+import concurrent.futures
 import copy
 import json
 import os
@@ -84,6 +85,7 @@ class Helm:
     def __init__(self, binary):
         self.binary = binary
         self._cache = {}
+        self.outputs = {}  # key -> helm's output, rendered again at the session's end
 
     def run(self, *args, chart=CHART):
         return subprocess.run(
@@ -107,6 +109,7 @@ class Helm:
         if key not in self._cache:
             proc = self.run(*self.template_args(values_files, sets, kube_version))
             assert proc.returncode == 0, f"helm template failed:\n{proc.stderr}"
+            self.outputs[key] = proc.stdout
             docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
             self._cache[key] = Rendered(docs)
         return self._cache[key]
@@ -135,7 +138,15 @@ class Helm:
 
 @pytest.fixture(scope="session")
 def chart(helm):
-    return Helm(helm)
+    helm_ = Helm(helm)
+    yield helm_
+    # Render stability (GitOps renders with `helm template` and syncs on any difference): every
+    # values set a test rendered comes out byte-identical when rendered again.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        again = dict(zip(helm_.outputs, pool.map(
+            lambda key: helm_.run(*helm_.template_args(list(key[0]), key[1], key[2])).stdout, helm_.outputs)))
+    changed = [key for key, out in again.items() if out != helm_.outputs[key]]
+    assert not changed, f"{len(changed)} of {len(again)} renders differ when repeated, e.g. {changed[0]}"
 
 
 def scenario(name):
@@ -293,6 +304,23 @@ def container(deploy, name):
 
 def env_of(c):
     return {e["name"]: e for e in c.get("env", [])}
+
+
+ENSURE_SECRETS = "astro-sentinel-ensure-secrets"
+
+
+def is_hook(doc):
+    return "helm.sh/hook" in (doc["metadata"].get("annotations") or {})
+
+
+def ensure_secrets_args(r):
+    """The arguments of the pre-install Job's `astro-sentinel ensure-secrets` ([] without the Job)."""
+    job = r.maybe("Job", ENSURE_SECRETS)
+    if not job:
+        return []
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["args"][0] == "ensure-secrets"
+    return c["args"][1:]
 
 
 def sentinel_config(r, values):

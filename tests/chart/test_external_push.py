@@ -1,15 +1,14 @@
 """The chart's keda.trigger: external-push — the ScaledObject's trigger, the mutual-TLS
-TriggerAuthentication and certificates, and the Sentinel's gRPC port."""
+TriggerAuthentication, who makes the certificates, and the Sentinel's gRPC port."""
 
-import base64
-import subprocess
-
-from conftest import NAMESPACE, scenario
+from conftest import NAMESPACE, ensure_secrets_args, scenario
 
 PUSH = ("workers[0].keda.trigger=external-push",)
 GRPC_PORT = 39093
 SERVER_SECRET = "astro-sentinel-external-scaler-tls"
 CLIENT_SECRET = "astro-keda-external-scaler-tls"
+CA_SECRET = "astro-sentinel-external-scaler-ca"
+ENSURE = "astro-sentinel-ensure-secrets"
 TLS_DIR = "/etc/astro-sentinel/external-scaler-tls"
 
 
@@ -58,36 +57,25 @@ def test_the_sentinel_serves_grpc_with_the_server_secret(chart):
     assert {"port": "grpc", "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
 
 
-def test_generated_certificates_chain_to_one_ca_and_name_the_service(chart, tmp_path):
+def test_the_certificates_are_made_by_the_pre_install_job_not_at_render_time(chart):
+    """The certificates themselves are checked where the Job runs: tests/cluster/test_install.py."""
     r = chart.render(scenario("keda-static"), sets=PUSH)
-    files = {}
-    for secret in (SERVER_SECRET, CLIENT_SECRET):
-        for key, value in r.get("Secret", secret)["data"].items():
-            path = tmp_path / f"{secret}-{key}"
-            path.write_bytes(base64.b64decode(value))
-            files[(secret, key)] = path
-    assert files[(SERVER_SECRET, "ca.crt")].read_bytes() == files[(CLIENT_SECRET, "ca.crt")].read_bytes()
-
-    def openssl(*args):
-        return subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, text=True).stdout
-
-    ca = files[(SERVER_SECRET, "ca.crt")]
-    for secret, purpose in ((SERVER_SECRET, "sslserver"), (CLIENT_SECRET, "sslclient")):
-        out = openssl("verify", "-purpose", purpose, "-CAfile", ca, files[(secret, "tls.crt")])
-        assert out.strip().endswith(": OK"), out
-    text = openssl("x509", "-noout", "-ext", "subjectAltName", "-in", files[(SERVER_SECRET, "tls.crt")])
-    assert f"DNS:astro-sentinel.{NAMESPACE}.svc.cluster.local" in text
-    # Each key belongs to its certificate.
-    for secret in (SERVER_SECRET, CLIENT_SECRET):
-        cert_key = openssl("x509", "-noout", "-pubkey", "-in", files[(secret, "tls.crt")])
-        key = openssl("pkey", "-pubout", "-in", files[(secret, "tls.key")])
-        assert cert_key == key
+    assert not r.maybe("Secret", SERVER_SECRET) and not r.maybe("Secret", CLIENT_SECRET)
+    args = ensure_secrets_args(r)
+    assert {f"--external-scaler-ca-secret={CA_SECRET}", f"--external-scaler-server-secret={SERVER_SECRET}",
+            f"--external-scaler-client-secret={CLIENT_SECRET}", "--external-scaler-common-name=astro-sentinel"} <= set(args)
+    assert [a.partition("=")[2] for a in args if a.startswith("--external-scaler-dns-name=")] == [
+        "astro-sentinel", f"astro-sentinel.{NAMESPACE}", f"astro-sentinel.{NAMESPACE}.svc",
+        f"astro-sentinel.{NAMESPACE}.svc.cluster.local"]
+    (named,) = [rule for rule in r.get("Role", ENSURE)["rules"] if "resourceNames" in rule]
+    assert set(named["resourceNames"]) >= {CA_SECRET, SERVER_SECRET, CLIENT_SECRET}
 
 
 def test_given_secrets_replace_the_generated_ones(chart):
     sets = PUSH + ("sentinel.externalScaler.tls.serverSecret=s", "sentinel.externalScaler.tls.clientSecret=c")
     r = chart.render(scenario("keda-static"), sets=sets)
     assert not r.maybe("Secret", SERVER_SECRET) and not r.maybe("Secret", CLIENT_SECRET)
+    assert not [a for a in ensure_secrets_args(r) if a.startswith("--external-scaler")]
     ta = r.get("TriggerAuthentication", "astro-keda-sentinel-external-push")
     assert {t["name"] for t in ta["spec"]["secretTargetRef"]} == {"c"}
     vols = r.get("Deployment", "astro-sentinel")["spec"]["template"]["spec"]["volumes"]

@@ -9,12 +9,15 @@ import pytest
 import yaml
 
 from conftest import (
+    ENSURE_SECRETS,
     NAMESPACE,
     RELEASE,
     VALID_SCENARIOS,
     chart_defaults,
     container,
     effective,
+    ensure_secrets_args,
+    is_hook,
     scenario,
     sentinel_config,
 )
@@ -182,9 +185,10 @@ def test_static_token_is_shared_by_keda_and_the_sentinel(chart):
                                                     "sentinel.kubernetes.userAccess=false"))
     ta = r.get("TriggerAuthentication", "astro-keda-sentinel")
     (target,) = ta["spec"]["secretTargetRef"]
-    secret = r.get("Secret", target["name"])
-    token = base64.b64decode(secret["data"][target["key"]]).decode()
-    assert len(token) >= 32
+    # No token at render time (a render must be the same every time): the pre-install Job makes
+    # the Secret both sides read.
+    assert not r.maybe("Secret", target["name"]) and target["key"] == "token"
+    assert f"--keda-token-secret={target['name']}" in ensure_secrets_args(r)
 
     sentinel = r.get("Deployment", "astro-sentinel")
     spec = sentinel["spec"]["template"]["spec"]
@@ -231,8 +235,17 @@ def test_sentinel_without_kubernetes_access_has_no_api_token(chart):
     r = chart.render(scenario("keda-static"), sets=("sentinel.kubernetes.enabled=false",
                                                     "workerDefaults.wake.enabled=false"))
     assert r.get("Deployment", "astro-sentinel")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-    assert not r.all("Role") and not r.all("RoleBinding") and not r.all("ClusterRole")
+    # The only Role is the pre-install Job's own, bound to its own ServiceAccount.
+    assert [x["metadata"]["name"] for x in r.all("Role") + r.all("RoleBinding")] == [ENSURE_SECRETS] * 2
+    assert all(is_hook(x) for x in r.all("Role") + r.all("RoleBinding")) and not r.all("ClusterRole")
     assert "kubernetes" not in sentinel_config(r, values)
+
+
+def test_a_static_token_value_is_rendered_and_no_job_runs(chart):
+    r = chart.render(scenario("keda-static"), sets=("keda.auth.staticToken.value=given-token-0123456789",))
+    secret = r.get("Secret", "astro-keda-sentinel-token")
+    assert base64.b64decode(secret["data"]["token"]).decode() == "given-token-0123456789"
+    assert not r.maybe("Job", ENSURE_SECRETS)
 
 
 def test_idle_first_scale_in_off_drops_the_patch_right(chart):

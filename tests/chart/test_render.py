@@ -1,6 +1,6 @@
 """Every scenario through the real helm: `helm lint --strict`, each rendered object checked against its
-API schema (Kubernetes' own or a pinned CRD's), and values the chart must refuse, each refusal
-naming the key."""
+API schema (Kubernetes' own or a pinned CRD's), the same output at every render, and values the chart
+must refuse, each refusal naming the key."""
 
 import pytest
 import yaml
@@ -14,6 +14,18 @@ def test_helm_lint_strict(chart, name):
                      "-f", str(scenario(name)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize(("name", "sets"), [(n, ()) for n in VALID_SCENARIOS]
+                         + [("keda-static", ("workers[0].keda.trigger=external-push",))],
+                         ids=VALID_SCENARIOS + ["keda-static-external-push"])
+def test_two_renders_are_byte_identical(chart, name, sets):
+    """What Argo CD and Flux rely on (they render with `helm template` and sync any difference).
+    conftest renders every other test's values again at the end of the session too."""
+    outputs = [chart.run(*chart.template_args([scenario(name)], sets)) for _ in range(2)]
+    for proc in outputs:
+        assert proc.returncode == 0, proc.stderr
+    assert outputs[0].stdout == outputs[1].stdout
 
 
 @pytest.mark.parametrize("name", VALID_SCENARIOS)

@@ -1,13 +1,16 @@
 """The external-push trigger on the real control plane: a pool at 0 replicas whose ScaledObject
 polls only every 300 s wakes within seconds of a task being queued, because the Sentinel pushes
-"active" to KEDA's operator over the gRPC stream (mutual TLS with the chart-made certificates)
-at the refresh that first sees the task; the task then runs in the woken pod.
+"active" to KEDA's operator over the gRPC stream (mutual TLS with the certificates the chart's
+pre-install Job, `astro-sentinel ensure-secrets`, made) at the refresh that first sees the task;
+the task then runs in the woken pod. An upgrade keeps those certificates and KEDA's token.
 """
 
 from __future__ import annotations
 
+import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 
 from harness.procs import wait_for
 
@@ -27,12 +30,51 @@ def _queued_at(airflow, run_id: str) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
+def _ensured(cluster) -> dict[str, dict[str, str]]:
+    """The Secrets the pre-install Job made: name -> key -> text."""
+    import base64
+
+    names = ("astro-keda-sentinel-token", "astro-sentinel-external-scaler-ca",
+             "astro-sentinel-external-scaler-tls", "astro-keda-external-scaler-tls")
+    found = {}
+    for name in names:
+        secret = cluster.core.read_namespaced_secret(name, NAMESPACE)
+        assert secret.metadata.labels["app.kubernetes.io/managed-by"] == "astro-sentinel", name
+        assert secret.metadata.annotations["helm.sh/resource-policy"] == "keep", name
+        found[name] = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
+    return found
+
+
+def _check_certificates(secrets: dict[str, dict[str, str]], folder: Path) -> None:
+    """Both certificates chain to the one CA, each for its purpose, the serving one names the
+    Service as KEDA dials it, and each key is its certificate's (openssl, not our own parser)."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def file(secret: str, key: str) -> Path:
+        path = folder / f"{secret}-{key}"
+        path.write_text(secrets[secret][key])
+        return path
+
+    def openssl(*args) -> str:
+        return subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, text=True).stdout
+
+    ca = file("astro-sentinel-external-scaler-ca", "ca.crt")
+    for secret, purpose in (("astro-sentinel-external-scaler-tls", "sslserver"), ("astro-keda-external-scaler-tls", "sslclient")):
+        assert secrets[secret]["ca.crt"] == ca.read_text()
+        out = openssl("verify", "-purpose", purpose, "-CAfile", ca, file(secret, "tls.crt"))
+        assert out.strip().endswith(": OK"), out
+        assert openssl("x509", "-noout", "-pubkey", "-in", file(secret, "tls.crt")) == \
+            openssl("pkey", "-pubout", "-in", file(secret, "tls.key"))
+    names = openssl("x509", "-noout", "-ext", "subjectAltName", "-in", file("astro-sentinel-external-scaler-tls", "tls.crt"))
+    assert f"DNS:{SENTINEL}.{NAMESPACE}.svc.cluster.local" in names, names
+
+
 def _keda_story(cluster, keda) -> str:
     return (f"ScaledObject status: {cluster.scaled_object(NAMESPACE, DEPLOYMENT).get('status')}\n"
             f"KEDA operator on it:\n{keda.operator_lines(DEPLOYMENT)}")
 
 
-def test_a_queued_task_wakes_a_pool_at_zero_through_the_push(cluster, nodes, keda, airflow, release_factory):
+def test_a_queued_task_wakes_a_pool_at_zero_through_the_push(cluster, nodes, keda, airflow, release_factory, tmp_path):
     release = release_factory(RELEASE, NAMESPACE)
     values = chart_values(airflow)
     values["workers"] = [{
@@ -42,6 +84,8 @@ def test_a_queued_task_wakes_a_pool_at_zero_through_the_push(cluster, nodes, ked
     }]
     installed = time.monotonic()
     release.install(values)
+    ensured = _ensured(cluster)
+    _check_certificates(ensured, tmp_path / "certificates")
     wait_for(lambda: (cluster.deployment(NAMESPACE, SENTINEL).status.ready_replicas or 0) == 1, 180,
              f"{SENTINEL} ready")
     sentinel_ready = time.monotonic() - installed
@@ -75,3 +119,8 @@ def test_a_queued_task_wakes_a_pool_at_zero_through_the_push(cluster, nodes, ked
     # wake-up well within it came from the push.
     assert latency < 30, f"replicas 1 only {latency:.1f}s after the task was queued"
     assert airflow.client.wait_run(DAG, run_id, timeout=300) == "success"
+
+    # An upgrade runs the Job again: what it made is good, so it is kept as it was.
+    values["workers"][0]["keda"]["cooldownPeriod"] = 20
+    release.upgrade(values)
+    assert _ensured(cluster) == ensured, "an upgrade changed KEDA's token or the certificates"

@@ -1,6 +1,10 @@
 """Scenario 1: helm install, upgrade and uninstall of the chart against the real API server, with
 KEDA's CRDs and operator: every object admitted, the Sentinel Ready, KEDA READY on each
-ScaledObject, an upgrade's syncSlots reaching the ScaledObject and KEDA's HPA, nothing left."""
+ScaledObject, an upgrade's syncSlots reaching the ScaledObject and KEDA's HPA, nothing left.
+
+The install gives KEDA's token as a value (the chart renders its Secret), the upgrade drops it, as
+an upgrade from a chart version that rendered a generated token does: the pre-upgrade Job
+(`astro-sentinel ensure-secrets`) takes the Secret over and Helm must not delete it."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from conftest import chart_values
 from infra.kube import condition
 
 NAMESPACE = "astro-install"
+TOKEN_SECRET = "astro-keda-sentinel-token"
+TOKEN = "install-scenario-token-0123456789abcdef"
 
 
 def _workers(sync_slots_alpha: int) -> list[dict]:
@@ -48,6 +54,7 @@ def test_install_upgrade_uninstall(cluster, nodes, keda, airflow, release_factor
     release = release_factory("install", NAMESPACE)
     values = chart_values(airflow)
     values["workers"] = _workers(4)
+    values["keda"] = {"auth": {"staticToken": {"value": TOKEN}}}
     release.install(values)
     objects = release.manifest()
     client = dynamic.DynamicClient(cluster.api)
@@ -77,8 +84,19 @@ def test_install_upgrade_uninstall(cluster, nodes, keda, airflow, release_factor
                                     f"HPA status {cluster.hpa(NAMESPACE, f'keda-hpa-{name}').status}")
 
     # Upgrade: a new syncSlots is the ScaledObject's target and the target of the HPA KEDA made.
+    # The token value is dropped: the Secret leaves the chart and the pre-upgrade Job keeps it.
+    assert any(o["kind"] == "Secret" and o["metadata"]["name"] == TOKEN_SECRET for o in objects)
     values["workers"] = _workers(6)
+    del values["keda"]
     release.upgrade(values)
+    assert not [o for o in release.manifest() if o["kind"] == "Secret" and o["metadata"]["name"] == TOKEN_SECRET]
+    assert cluster.secret_value(NAMESPACE, TOKEN_SECRET, "token") == TOKEN, "the token changed at the upgrade"
+    kept = cluster.core.read_namespaced_secret(TOKEN_SECRET, NAMESPACE)
+    assert kept.metadata.annotations.get("helm.sh/resource-policy") == "keep"
+    # The hook's Job, ServiceAccount and Role are deleted once it succeeded.
+    assert not cluster.batch.list_namespaced_job(NAMESPACE).items
+    assert "astro-sentinel-ensure-secrets" not in [a.metadata.name for a in
+                                                   cluster.core.list_namespaced_service_account(NAMESPACE).items]
     assert _trigger_target(cluster.scaled_object(NAMESPACE, "astro-worker-alpha")) == "6"
     assert _trigger_target(cluster.scaled_object(NAMESPACE, "astro-worker-beta")) == "2"
 
@@ -91,11 +109,13 @@ def test_install_upgrade_uninstall(cluster, nodes, keda, airflow, release_factor
     wait_for(lambda: hpa_target() == "6", 60, "KEDA's HPA target 6 after the upgrade",
              on_timeout=lambda: f"target {hpa_target()}")
 
-    # Uninstall: none of the objects the release had is left.
+    # Uninstall: none of the objects the release had is left; KEDA's token, which is not the
+    # release's, stays for a reinstall.
     objects = release.manifest()
     release.uninstall()
     left = [f"{o['kind']}/{o['metadata']['name']}" for o in objects if _live(client, o) is not None]
     assert not left, f"left behind after helm uninstall: {left}"
+    assert cluster.secret_value(NAMESPACE, TOKEN_SECRET, "token") == TOKEN
     wait_for(lambda: cluster.hpa(NAMESPACE, "keda-hpa-astro-worker-alpha") is None, 60,
              "KEDA to delete the HPA it made")
     labelled = cluster.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/instance=install")

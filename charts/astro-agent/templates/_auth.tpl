@@ -62,3 +62,33 @@ release namespace in their name, so two installs with the same prefix do not col
 {{- define "astro-agent.podPatchPolicyName" -}}
 {{- printf "%s-%s-sentinel-pod-patch" (include "astro-agent.prefix" .) .Release.Namespace | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+
+{{/* The Secret with the CA that signs both certificates of the external scaler port (ca.crt,
+ca.key), made by `ensure-secrets` and mounted nowhere. */}}
+{{- define "astro-agent.externalScalerCaSecretName" -}}
+{{- printf "%s-sentinel-external-scaler-ca" (include "astro-agent.prefix" .) -}}
+{{- end -}}
+
+{{/*
+What the pre-install/pre-upgrade Job (`astro-sentinel ensure-secrets`) makes, as JSON: the token
+Secret's name when KEDA's static token is neither given nor in an existing Secret, and whether
+the external scaler's certificates are the chart's own. Rendering stays free of randomness, so
+`helm template` gives the same output every time (GitOps).
+*/}}
+{{- define "astro-agent.ensuredSecrets" -}}
+{{- $st := .Values.keda.auth.staticToken -}}
+{{- $token := "" -}}
+{{- if and .Values.sentinel.enabled (eq .Values.keda.auth.mode "staticToken") (not $st.value) (not $st.existingSecret.name) -}}
+{{- $token = include "astro-agent.kedaTokenSecretName" . -}}
+{{- end -}}
+{{- $t := .Values.sentinel.externalScaler.tls -}}
+{{- if and (or $t.serverSecret $t.clientSecret) (not (and $t.serverSecret $t.clientSecret)) -}}
+{{- fail "sentinel.externalScaler.tls: set both serverSecret and clientSecret, or neither (the chart then makes them)" -}}
+{{- end -}}
+{{- $tls := and .Values.sentinel.enabled (include "astro-agent.externalScalerEnabled" .) (not $t.serverSecret) -}}
+{{- toJson (dict "token" $token "tls" (not (not $tls))) -}}
+{{- end -}}
+
+{{- define "astro-agent.ensureSecretsName" -}}
+{{- printf "%s-sentinel-ensure-secrets" (include "astro-agent.prefix" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

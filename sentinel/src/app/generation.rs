@@ -6,7 +6,7 @@ use super::{StartError, Tasks};
 use crate::backlog::cache::{BacklogCache, Snapshot};
 use crate::backlog::refresh_loop::RefreshLoop;
 use crate::config::file::{Config, TokenReviewConfig, WorkerConfig};
-use crate::config::flags::KubernetesAccess;
+use crate::config::kubernetes_access::KubernetesAccess;
 use crate::config::queue_events::SubscriberAuthConfig;
 use crate::config::ConfigError;
 use crate::history::recorder::{HistoryRecorder, RecorderInputs};

@@ -6,6 +6,7 @@
 //! the environment, and Kubernetes credentials from the service-account files.
 
 use crate::config::file::{Config, PostgresCa, PostgresOptions, SourceConfig};
+use crate::config::kubernetes_access::{KubernetesAccess, KubernetesFlags};
 use crate::config::ConfigError;
 use crate::serve::external_scaler::tls::{ExternalScalerFlags, ExternalScalerSettings};
 use crate::sources::postgres::connection_url;
@@ -22,10 +23,6 @@ use url::Url;
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:39092";
 /// A few seconds: the kubelet takes up to a minute to project a ConfigMap change anyway.
 pub const DEFAULT_CONFIG_CHECK_INTERVAL: &str = "5s";
-/// Where Kubernetes mounts a pod's service-account token and the cluster CA.
-pub const DEFAULT_KUBERNETES_TOKEN_FILE: &str =
-    "/var/run/secrets/kubernetes.io/serviceaccount/token";
-pub const DEFAULT_KUBERNETES_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -108,19 +105,8 @@ pub struct Flags {
     #[arg(long, env = "ASTRO_SENTINEL_POSTGRES_URL_FILE", value_name = "PATH")]
     pub postgres_url_file: Option<PathBuf>,
 
-    /// Kubernetes API server (TokenReview; the workers' Deployments and pods) [default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT]
-    #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_API_URL", value_name = "URL")]
-    pub kubernetes_api_url: Option<String>,
-
-    /// The Sentinel's own service-account token, re-read as it rotates
-    #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_TOKEN_FILE", value_name = "PATH",
-          default_value = DEFAULT_KUBERNETES_TOKEN_FILE)]
-    pub kubernetes_token_file: PathBuf,
-
-    /// CA bundle that signs the API server's certificate (used for https URLs)
-    #[arg(long, env = "ASTRO_SENTINEL_KUBERNETES_CA_FILE", value_name = "PATH",
-          default_value = DEFAULT_KUBERNETES_CA_FILE)]
-    pub kubernetes_ca_file: PathBuf,
+    #[command(flatten)]
+    pub kubernetes: KubernetesFlags,
 
     #[command(flatten)]
     pub external_scaler: ExternalScalerFlags,
@@ -182,15 +168,6 @@ impl std::fmt::Debug for SourceSettings {
     }
 }
 
-/// How to reach the Kubernetes API server as the Sentinel's own service account.
-#[derive(Debug, Clone)]
-pub struct KubernetesAccess {
-    pub api_url: Url,
-    pub token_file: PathBuf,
-    /// Only read for https URLs.
-    pub ca_file: PathBuf,
-}
-
 impl Settings {
     pub fn from_flags(flags: &Flags) -> Result<Settings, ConfigError> {
         let config = Config::load(&flags.config)?;
@@ -215,7 +192,7 @@ impl Settings {
             || config.queue_events.auth.token_review.is_some())
             && !config.auth.disabled;
         let kubernetes = if reviews_tokens || config.kubernetes.is_some() {
-            Some(kubernetes_access(flags, env)?)
+            Some(flags.kubernetes.access(env).map_err(ConfigError::new)?)
         } else {
             None
         };
@@ -332,52 +309,6 @@ fn source_settings(source: &SourceConfig, flags: &Flags) -> Result<SourceSetting
             })
         }
     }
-}
-
-fn kubernetes_access(
-    flags: &Flags,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<KubernetesAccess, ConfigError> {
-    let api_url = match non_empty(&flags.kubernetes_api_url) {
-        Some(url) => Url::parse(url).map_err(|e| {
-            ConfigError::new(format!("--kubernetes-api-url: invalid URL {url:?}: {e}"))
-        })?,
-        None => {
-            let host = env("KUBERNETES_SERVICE_HOST").filter(|h| !h.is_empty()).ok_or_else(|| {
-                ConfigError::new(
-                    "--kubernetes-api-url: auth.tokenReview and the kubernetes section need the API \
-                     server: KUBERNETES_SERVICE_HOST is not set (not in a cluster?); set --kubernetes-api-url",
-                )
-            })?;
-            let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());
-            let host = if host.contains(':') {
-                format!("[{host}]")
-            } else {
-                host
-            };
-            Url::parse(&format!("https://{host}:{port}")).map_err(|e| {
-                ConfigError::new(format!(
-                    "--kubernetes-api-url: KUBERNETES_SERVICE_HOST/PORT do not form a URL: {e}"
-                ))
-            })?
-        }
-    };
-    if !matches!(api_url.scheme(), "http" | "https") {
-        return Err(ConfigError::new(format!(
-            "--kubernetes-api-url: must be http(s), got {api_url}"
-        )));
-    }
-    if api_url.scheme() == "https" && !flags.kubernetes_ca_file.is_file() {
-        return Err(ConfigError::new(format!(
-            "--kubernetes-ca-file: {} is not a readable file (needed for {api_url})",
-            flags.kubernetes_ca_file.display()
-        )));
-    }
-    Ok(KubernetesAccess {
-        api_url,
-        token_file: flags.kubernetes_token_file.clone(),
-        ca_file: flags.kubernetes_ca_file.clone(),
-    })
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 pub mod file;
 pub mod flags;
+pub mod kubernetes_access;
 pub mod pre_warm;
 pub mod queue_events;
 pub mod reload;

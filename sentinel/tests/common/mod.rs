@@ -2,7 +2,7 @@
 
 use astro_sentinel::app::{self, Running};
 use astro_sentinel::config::file::Config;
-use astro_sentinel::config::flags::KubernetesAccess;
+use astro_sentinel::config::kubernetes_access::KubernetesAccess;
 use astro_sentinel::metrics::Metrics;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -30,6 +30,7 @@ class Cluster(KubeApi):
         self.autoscaling = client.AutoscalingV2Api(self.api)
         self.rbac = client.RbacAuthorizationV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
 
     def label_namespace(self, name: str, labels: dict[str, str]) -> None:
         """Creates the namespace with ``labels``, or adds them to the one that exists."""
