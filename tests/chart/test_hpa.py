@@ -1,5 +1,6 @@
 """The HPA path: each HPA worker's HorizontalPodAutoscaler on the prometheus-adapter metric, its
-scaling behavior by default and overridden, and the adapter rule the chart ships and renders."""
+scaling behavior by default and overridden, pre-warm's second metric where asked, and the adapter
+rules the chart ships and renders."""
 
 import math
 import re
@@ -15,6 +16,14 @@ SEED_METRICS_QUERY = (
     '(<<.Series>>{state=~"queued|running", <<.LabelMatchers>>}))'
 )
 SEED_SERIES_QUERY = '{__name__="astro_agent_client_queue_stats",container!="POD",namespace!="",pod!=""}'
+# The Sentinel's pre-warm series, per worker Deployment (its `worker` label is the Deployment's name).
+PRE_WARM_RULE = {
+    "seriesQuery": '{__name__="astro_sentinel_worker_expected_slots",namespace!="",worker!=""}',
+    "resources": {"overrides": {"worker": {"group": "apps", "resource": "deployment"},
+                                "namespace": {"resource": "namespace"}}},
+    "name": {"matches": "^astro_sentinel_worker_expected_slots$", "as": "astro_sentinel_worker_expected_slots"},
+    "metricsQuery": "max by (<<.GroupBy>>) (<<.Series>>{<<.LabelMatchers>>})",
+}
 # Fast up, slow down: the HPA path's default behavior.
 SEED_HPA_BEHAVIOR = {
     "scaleUp": {
@@ -49,7 +58,7 @@ def test_hpa_scales_on_the_adapter_metric_with_average_value(chart, name):
         assert metric["object"]["metric"] == {"name": "astro_agent_client_queued_or_running_tasks"}
         target = w["hpa"]["metric"]["target"]["averageValue"] or w["syncSlots"]
         assert metric["object"]["target"] == {"type": "AverageValue", "averageValue": str(target)}
-        assert spec["metrics"][1:] == w["hpa"]["extraMetrics"]
+        assert spec["metrics"][1:] == w["hpa"]["extraMetrics"]  # no pre-warm metric unless asked
         assert spec["behavior"] == deep_merge(SEED_HPA_BEHAVIOR, w["hpa"]["behavior"])
         # The agent must export the queue stats the metric is built from.
         env = env_of(container(r.get("Deployment", w["deployment"]), "agent"))
@@ -125,7 +134,8 @@ def test_hpa_behavior_override_replaces_the_default_policies(chart):
 
 
 def _check_seed_rule(rules):
-    (rule,) = rules
+    rule, pre_warm = rules
+    assert pre_warm == PRE_WARM_RULE
     assert rule["metricsQuery"] == SEED_METRICS_QUERY
     assert rule["seriesQuery"] == SEED_SERIES_QUERY
     assert rule["name"] == {"matches": ".*astro_agent_client_queue_stats.*", "as": "astro_agent_client_queued_or_running_tasks"}
@@ -163,3 +173,32 @@ def test_adapter_query_aggregates_like_the_seed():
     depth = sum(dedup.values())
     assert depth == 30
     assert math.ceil(depth / 20) == 2  # with averageValue = syncSlots = 20: two Pods
+
+
+def test_pre_warm_on_the_hpa_path_is_a_second_object_metric_and_the_sentinel_reads_the_schedule(chart):
+    sets = ("sentinel.enabled=true", "workers[0].hpa.preWarmMetric.enabled=true", "workers[0].preWarm.lead=45s")
+    r = chart.render(scenario("hpa"), sets=sets)
+    (h,) = r.all("HorizontalPodAutoscaler")
+    queue_depth, pre_warm = h["spec"]["metrics"][:2]  # then the worker's extraMetrics
+    assert queue_depth["object"]["metric"] == {"name": "astro_agent_client_queued_or_running_tasks"}
+    assert pre_warm == {"type": "Object", "object": {
+        "describedObject": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "astro-worker-default-worker"},
+        "metric": {"name": "astro_sentinel_worker_expected_slots"},
+        # desired = ceil(expected slots / syncSlots), like the queue depth's
+        "target": {"type": "AverageValue", "averageValue": "20"}}}
+    config = yaml.safe_load(r.get("ConfigMap", "astro-sentinel")["data"]["config.yaml"])
+    (worker,) = config["workers"]
+    assert worker["scaledBy"] == "hpa" and worker["preWarm"] == {"enabled": True, "lead": "45s"}
+
+    # Off by default, and off when the worker's preWarm is.
+    for off in ((), ("workers[0].hpa.preWarmMetric.enabled=true", "workers[0].preWarm.enabled=false")):
+        r = chart.render(scenario("hpa"), sets=("sentinel.enabled=true", *off))
+        (h,) = r.all("HorizontalPodAutoscaler")
+        assert "astro_sentinel_worker_expected_slots" not in str(h["spec"]["metrics"])
+        (worker,) = yaml.safe_load(r.get("ConfigMap", "astro-sentinel")["data"]["config.yaml"])["workers"]
+        assert "preWarm" not in worker
+
+
+def test_pre_warm_on_the_hpa_path_needs_the_sentinel(chart):
+    err = chart.render_error(scenario("hpa"), sets=("workers[0].hpa.preWarmMetric.enabled=true",))
+    assert "workers[0].hpa.preWarmMetric.enabled" in err and "sentinel.enabled" in err

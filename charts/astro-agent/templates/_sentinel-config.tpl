@@ -71,7 +71,14 @@ is listed: the KEDA-scaled ones, which KEDA reads from the Sentinel, and the HPA
 {{- with $w.keda.overprovisionSlots }}{{ $_ := set $worker "overprovisionSlots" (int .) }}{{ end -}}
 {{- $workers = append $workers $worker -}}
 {{- else if eq $w.mode "hpa" -}}
-{{- $workers = append $workers (dict "name" $w.deploymentName "queues" $w.queueList "syncSlots" (int $w.syncSlots) "minReplicas" (int $w.hpa.minReplicaCount) "maxReplicas" (int $w.hpa.maxReplicaCount) "scaledBy" "hpa") -}}
+{{- $worker := dict "name" $w.deploymentName "queues" $w.queueList "syncSlots" (int $w.syncSlots) "minReplicas" (int $w.hpa.minReplicaCount) "maxReplicas" (int $w.hpa.maxReplicaCount) "scaledBy" "hpa" -}}
+{{- if $w.hpaPreWarm -}}
+{{- $preWarm := dict "enabled" true -}}
+{{- with $w.preWarm.lead }}{{ $_ := set $preWarm "lead" (toString .) }}{{ end -}}
+{{- with $w.preWarm.maxSlots }}{{ $_ := set $preWarm "maxSlots" (int .) }}{{ end -}}
+{{- $_ := set $worker "preWarm" $preWarm -}}
+{{- end -}}
+{{- $workers = append $workers $worker -}}
 {{- end -}}
 {{- end -}}
 {{- /* One query reads every queue with postgres: a short interval wakes idle agents sooner. */ -}}

@@ -200,6 +200,13 @@ Every refusal names the key and the fix.
 {{- $target := toString (default "" $w.hpa.metric.target.averageValue) -}}
 {{- if not $target -}}{{- $target = toString $slots -}}{{- end -}}
 {{- $_ := set $w "hpaTarget" $target -}}
+{{- /* Pre-warm on the HPA path: asked for explicitly (hpa.preWarmMetric), and only where the
+       Sentinel can serve the metric. */ -}}
+{{- $hpaPreWarm := and $w.hpa.preWarmMetric.enabled $w.preWarm.enabled -}}
+{{- if and $hpaPreWarm (not $root.Values.sentinel.enabled) -}}
+{{- fail (printf "workers[%d].hpa.preWarmMetric.enabled is true (worker %q) but sentinel.enabled is false: the expected slots come from the Sentinel" $i $name) -}}
+{{- end -}}
+{{- $_ := set $w "hpaPreWarm" (not (not $hpaPreWarm)) -}}
 {{- else -}}
 {{- $_ := set $w "mode" "fixed" -}}
 {{- end -}}

@@ -645,13 +645,10 @@ fn validate_worker(
         )));
     }
     let mut pre_warm = pre_warm::validate(raw.pre_warm, fail)?;
-    if scaled_by == ScaledBy::Hpa {
-        // Only KEDA reads the expected slots: an HPA-scaled worker is not pre-warmed.
-        if pre_warm_asked {
-            return Err(fail(
-                "preWarm.enabled: an HPA-scaled worker (scaledBy: hpa) cannot be pre-warmed: only KEDA reads the expected slots".into(),
-            ));
-        }
+    if scaled_by == ScaledBy::Hpa && !pre_warm_asked {
+        // An HPA reads the expected slots only through a second metric of its own
+        // (astro_sentinel_worker_expected_slots through prometheus-adapter), which the chart
+        // adds where asked: off unless the entry asks.
         pre_warm.enabled = false;
     }
     Ok((
@@ -996,7 +993,7 @@ workers:
     }
 
     #[test]
-    fn hpa_scaled_workers_are_listed_and_never_pre_warmed() {
+    fn hpa_scaled_workers_are_listed_and_pre_warmed_only_when_asked() {
         let c = Config::parse(&format!(
             "{BASE}workers:\n  - {{name: k, queues: [a]}}\n  - {{name: h, queues: [b], scaledBy: hpa}}\n"
         ))
@@ -1004,12 +1001,11 @@ workers:
         assert_eq!(c.hpa_scaled, BTreeSet::from(["h".to_string()]));
         assert!(c.schedule.for_worker("k").enabled);
         assert!(!c.schedule.for_worker("h").enabled, "off by default");
-        let e = Config::parse(&format!(
+        let c = Config::parse(&format!(
             "{BASE}workers:\n  - {{name: h, queues: [b], scaledBy: hpa, preWarm: {{enabled: true}}}}\n"
         ))
-        .unwrap_err()
-        .0;
-        assert!(e.starts_with("worker \"h\": preWarm.enabled"), "{e}");
+        .unwrap();
+        assert!(c.schedule.for_worker("h").enabled);
         let e = Config::parse(&format!(
             "{BASE}workers:\n  - {{name: h, queues: [b], scaledBy: argo}}\n"
         ))

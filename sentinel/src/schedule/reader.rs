@@ -5,7 +5,8 @@
 //! list (`ceil(DAGs / page)` requests), then at most [`CALLS_PER_READ`] calls for the rest: a
 //! DAG's task list (re-read every [`TASKS_TTL`]) is one request, learning a DAG's demand is two
 //! (its finished runs, their task instances; more pages only for very wide DAGs) and happens
-//! when its next run moved (a run was created) or after [`LEARNED_TTL`]. What does not fit
+//! when its next run moved (a run was created) or after [`LEARNED_TTL`] ([`GUESS_TTL`] while
+//! the demand is a guess from the tasks: no run has finished yet). What does not fit
 //! waits for the next read, oldest first. So a steady state of D DAGs costs about
 //! `ceil(D / 100) + D / 10 + 2 × (runs created)` requests a minute, at most
 //! `ceil(D / 100) + 2 × 40 + extra pages`.
@@ -32,6 +33,10 @@ pub const CALLS_PER_READ: usize = 40;
 pub const TASKS_TTL: Duration = Duration::from_secs(600);
 /// A DAG's demand is learned again at least this often.
 pub const LEARNED_TTL: Duration = Duration::from_secs(600);
+/// A demand guessed from the DAG's tasks (no finished run to learn from) is learned again this
+/// often: the next run moves when a run is created, before that run has finished, so without
+/// this the run under way would teach the following one nothing until [`LEARNED_TTL`].
+pub const GUESS_TTL: Duration = Duration::from_secs(30);
 /// Pages of task instances read to learn one DAG's demand before giving up on it.
 const MAX_TASK_INSTANCE_PAGES: u32 = 5;
 
@@ -246,7 +251,12 @@ impl ScheduleReader {
                 continue;
             }
             let fresh = knowledge.learned.as_ref().is_some_and(|l| {
-                &l.for_next_run == next && now.saturating_duration_since(l.at) < LEARNED_TTL
+                let guessed = l
+                    .by_worker
+                    .values()
+                    .any(|d| matches!(d.basis, demand::Basis::Declared { .. }));
+                let ttl = if guessed { GUESS_TTL } else { LEARNED_TTL };
+                &l.for_next_run == next && now.saturating_duration_since(l.at) < ttl
             });
             if fresh || *calls < 2 {
                 continue;
@@ -511,5 +521,42 @@ mod tests {
         let plan = reader.read(t0).await.unwrap();
         assert_eq!(learnings(&airflow), 2);
         assert_eq!(slots(&plan), vec![("etl".to_string(), 6)]);
+    }
+
+    #[tokio::test]
+    async fn a_guess_is_learned_again_once_a_run_has_finished() {
+        let (airflow, mut reader) = setup();
+        let t0 = Instant::now();
+        assert_eq!(
+            slots(&reader.read(t0).await.unwrap()),
+            vec![("etl".to_string(), 3)]
+        );
+        // The run under way finishes; the next run has not moved.
+        airflow.runs.lock().unwrap().insert(
+            "etl".into(),
+            RecentRuns {
+                run_ids: vec!["r1".into()],
+                instances: vec![RunTaskInstance {
+                    dag_run_id: "r1".into(),
+                    queue: Some("q".into()),
+                    pool_slots: 6,
+                    queued_when: Some("2026-01-01T04:00:01Z".into()),
+                    start_date: None,
+                    end_date: Some("2026-01-01T04:00:09Z".into()),
+                }],
+            },
+        );
+        let within = reader.read(t0 + GUESS_TTL / 2).await.unwrap();
+        assert_eq!(
+            slots(&within),
+            vec![("etl".to_string(), 3)],
+            "kept within GUESS_TTL"
+        );
+        let after = reader.read(t0 + GUESS_TTL).await.unwrap();
+        assert_eq!(slots(&after), vec![("etl".to_string(), 6)]);
+        // Learned from a run now: kept until LEARNED_TTL.
+        let calls = airflow.calls.lock().unwrap().len();
+        reader.read(t0 + GUESS_TTL * 3).await.unwrap();
+        assert!(!airflow.calls.lock().unwrap()[calls..].contains(&"runs etl".to_string()));
     }
 }
