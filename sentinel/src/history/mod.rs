@@ -7,8 +7,8 @@
 //! [`range`] and builds the [`answer`], with [`findings`] (and the decision log's
 //! [`oscillation`]) worded by [`duration_text`].
 //! [`persist`] keeps it across restarts when `history.path` is set, written by one replica at
-//! a time ([`file_lock`]); the [`pre_warm_log`] (in memory only) says what pre-warming from
-//! the schedule did.
+//! a time ([`file_lock`]), together with the [`saved_logs`]: the pools' recent cold starts and
+//! the [`pre_warm_log`], which says what pre-warming from the schedule did.
 //!
 //! With two Sentinel replicas, each records the same inputs on its own (both read the same
 //! source every refresh); an answer names the replica that recorded it (`recordedBy`, from
@@ -30,6 +30,7 @@ pub mod pre_warm_log;
 pub mod range;
 pub mod recorder;
 pub mod sample;
+pub mod saved_logs;
 pub mod store;
 pub mod tier;
 pub mod worker_history;

@@ -2,7 +2,8 @@
 //! loaded at start.
 //!
 //! The file is `ASTROHST`, a format version (u32, little endian), the SHA-256 of the payload
-//! and the payload: the tier layout and every worker's history in postcard (a compact serde
+//! and the payload: the tier layout, every worker's history and the [`SavedLogs`] (recent cold
+//! starts, the pre-warm log) in postcard (a compact serde
 //! format with a stable, documented wire format, maintained; bincode's development has ceased,
 //! RUSTSEC-2025-0141). Writing goes to a temporary file in the same folder, synced, then renamed over
 //! the old one, so a crash leaves the old file or the new one, never half of one. A file that
@@ -18,10 +19,13 @@
 
 use super::decisions::MAX_DECISIONS;
 use super::format_v2::{self, SavedV2};
+use super::pre_warm_log::MAX_PRE_WARM_ENTRIES;
+use super::saved_logs::SavedLogs;
 use super::store::{History, HistoryData};
 use super::tier::{TierSpec, TIERS};
 use super::worker_history::WorkerHistory;
 use crate::config::file::WorkerConfig;
+use crate::pool::cold_start::tracker::KEPT_PER_POOL;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -33,9 +37,11 @@ use tokio_util::sync::CancellationToken;
 
 const MAGIC: &[u8; 8] = b"ASTROHST";
 /// Bumped whenever the payload's types change shape (2: a bucket keeps paused time, held-back
-/// tasks and slot drift; 3: the backlog's drain and the slots that ran tasks). Files of the
-/// previous format are read too ([`format_v2`]).
-const FORMAT_VERSION: u32 = 3;
+/// tasks and slot drift; 3: the backlog's drain and the slots that ran tasks; 4: the cold starts
+/// and the pre-warm log). Files of the two previous formats are read too ([`format_v2`], and 3
+/// without the logs).
+const FORMAT_VERSION: u32 = 4;
+const FORMAT_V3: u32 = 3;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 32;
 pub const SAVE_INTERVAL: Duration = Duration::from_secs(60);
 /// How far past now a loaded bucket or decision may be dated: clocks of two nodes disagree a
@@ -49,7 +55,14 @@ pub const FUTURE_TOLERANCE: Duration = Duration::from_secs(300);
 const MAX_WORKER_BYTES: usize = (TIERS[0].capacity + TIERS[1].capacity + TIERS[2].capacity)
     * (19 * 5 + 10)
     + MAX_DECISIONS * (10 + 2 * 5 + 8 * 5)
+    + KEPT_PER_POOL * MAX_COLD_START_BYTES
+    + MAX_PRE_WARM_ENTRIES * MAX_PRE_WARM_ENTRY_BYTES
     + 1024;
+/// A saved cold start: a Pod's name (at most 253 bytes) and at most six marks.
+const MAX_COLD_START_BYTES: usize = 256 + 4 + 6 * (1 + 10 + 1) + 4;
+/// A saved pre-warm entry: a DAG id (at most 250 bytes), two timestamps, its sentence (which
+/// names the DAG) and a few numbers.
+const MAX_PRE_WARM_ENTRY_BYTES: usize = 2 * 256 + 2 * 40 + 1024 + 64;
 
 /// The largest file the history of `workers` configured workers can make.
 pub fn max_file_bytes(workers: usize) -> usize {
@@ -62,6 +75,7 @@ struct SavedRef<'a> {
     tiers: [TierSpec; 3],
     max_decisions: u32,
     workers: &'a BTreeMap<String, WorkerHistory>,
+    logs: &'a SavedLogs,
 }
 
 /// ...and read back owned (the same fields in the same order: the same encoding).
@@ -70,13 +84,27 @@ struct Saved {
     tiers: [TierSpec; 3],
     max_decisions: u32,
     workers: BTreeMap<String, WorkerHistory>,
+    logs: SavedLogs,
+}
+
+/// Format 3: the same without the logs.
+#[derive(Deserialize)]
+struct SavedV3 {
+    tiers: [TierSpec; 3],
+    max_decisions: u32,
+    workers: BTreeMap<String, WorkerHistory>,
 }
 
 pub fn encode(data: &HistoryData) -> Vec<u8> {
+    encode_parts(&data.workers, &data.logs)
+}
+
+fn encode_parts(workers: &BTreeMap<String, WorkerHistory>, logs: &SavedLogs) -> Vec<u8> {
     let payload = postcard::to_stdvec(&SavedRef {
         tiers: TIERS,
         max_decisions: MAX_DECISIONS as u32,
-        workers: &data.workers,
+        workers,
+        logs,
     })
     .expect("plain structs serialise");
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
@@ -93,9 +121,9 @@ pub enum DecodeError {
     #[error("not a history file (bad header)")]
     NotAHistoryFile,
     #[error(
-        "written in format version {found}, this Sentinel reads versions {previous} and {FORMAT_VERSION}",
+        "written in format version {found}, this Sentinel reads versions {oldest} to {FORMAT_VERSION}",
         found = .0,
-        previous = format_v2::FORMAT_VERSION
+        oldest = format_v2::FORMAT_VERSION
     )]
     OtherVersion(u32),
     #[error("corrupt (checksum mismatch)")]
@@ -111,7 +139,7 @@ pub fn decode(bytes: &[u8]) -> Result<HistoryData, DecodeError> {
         return Err(DecodeError::NotAHistoryFile);
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION && version != format_v2::FORMAT_VERSION {
+    if !(format_v2::FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(DecodeError::OtherVersion(version));
     }
     let (digest, payload) = bytes[12..].split_at(32);
@@ -119,19 +147,30 @@ pub fn decode(bytes: &[u8]) -> Result<HistoryData, DecodeError> {
         return Err(DecodeError::Corrupt);
     }
     let unreadable = |e: postcard::Error| DecodeError::Unreadable(e.to_string());
-    let saved: Saved = if version == format_v2::FORMAT_VERSION {
-        let v2: SavedV2 = postcard::from_bytes(payload).map_err(unreadable)?;
-        Saved {
-            tiers: v2.tiers,
-            max_decisions: v2.max_decisions,
-            workers: v2
-                .workers
-                .into_iter()
-                .map(|(name, h)| (name, WorkerHistory::from(h)))
-                .collect(),
+    let saved: Saved = match version {
+        format_v2::FORMAT_VERSION => {
+            let v2: SavedV2 = postcard::from_bytes(payload).map_err(unreadable)?;
+            Saved {
+                tiers: v2.tiers,
+                max_decisions: v2.max_decisions,
+                workers: v2
+                    .workers
+                    .into_iter()
+                    .map(|(name, h)| (name, WorkerHistory::from(h)))
+                    .collect(),
+                logs: SavedLogs::default(),
+            }
         }
-    } else {
-        postcard::from_bytes(payload).map_err(unreadable)?
+        FORMAT_V3 => {
+            let v3: SavedV3 = postcard::from_bytes(payload).map_err(unreadable)?;
+            Saved {
+                tiers: v3.tiers,
+                max_decisions: v3.max_decisions,
+                workers: v3.workers,
+                logs: SavedLogs::default(),
+            }
+        }
+        _ => postcard::from_bytes(payload).map_err(unreadable)?,
     };
     if saved.tiers != TIERS
         || saved.max_decisions as usize != MAX_DECISIONS
@@ -141,6 +180,7 @@ pub fn decode(bytes: &[u8]) -> Result<HistoryData, DecodeError> {
     }
     Ok(HistoryData {
         workers: saved.workers,
+        logs: saved.logs,
     })
 }
 
@@ -204,7 +244,10 @@ fn load_within(
                 .workers
                 .values_mut()
                 .map(|w| w.drop_after(latest_ms))
-                .sum();
+                .sum::<usize>()
+                + data
+                    .logs
+                    .retain(|name| workers.iter().any(|w| w.name == name), latest_ms);
             if from_the_future > 0 {
                 tracing::warn!(
                     path = %path.display(),
@@ -243,7 +286,8 @@ async fn save(history: &Arc<History>, path: &Path) -> Result<(), String> {
     let history = history.clone();
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let bytes = history.with_data(encode);
+        let logs = history.saved_logs();
+        let bytes = history.with_data(|data| encode_parts(&data.workers, &logs));
         write_atomically(&path, &bytes).map_err(|e| e.to_string())
     })
     .await
@@ -281,6 +325,7 @@ pub async fn keep_saved(history: Arc<History>, path: PathBuf, shutdown: Cancella
 mod tests {
     use super::super::decisions::DecisionSource;
     use super::super::sample::tests::{sample, with_cluster};
+    use super::super::saved_logs::example;
     use super::*;
 
     const T0_MS: u64 = 1_800_000_000_000;
@@ -378,6 +423,7 @@ mod tests {
             tiers,
             max_decisions: MAX_DECISIONS as u32,
             workers: &BTreeMap::new(),
+            logs: &SavedLogs::default(),
         })
         .unwrap();
         let mut other = good[..12].to_vec();
@@ -394,6 +440,56 @@ mod tests {
             decode(&garbage).unwrap_err(),
             DecodeError::Unreadable(_)
         ));
+    }
+
+    #[test]
+    fn the_logs_round_trip_and_a_format_3_file_is_read_without_them() {
+        let mut original = data();
+        original.logs = example("astro-worker-default", T0_MS);
+        assert_eq!(decode(&encode(&original)).unwrap(), original);
+
+        #[derive(Serialize)]
+        struct V3<'a> {
+            tiers: [TierSpec; 3],
+            max_decisions: u32,
+            workers: &'a BTreeMap<String, WorkerHistory>,
+        }
+        let payload = postcard::to_stdvec(&V3 {
+            tiers: TIERS,
+            max_decisions: MAX_DECISIONS as u32,
+            workers: &original.workers,
+        })
+        .unwrap();
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&FORMAT_V3.to_le_bytes());
+        bytes.extend_from_slice(&Sha256::digest(&payload));
+        bytes.extend_from_slice(&payload);
+        let read = decode(&bytes).unwrap();
+        assert_eq!(read.workers, original.workers);
+        assert_eq!(read.logs, SavedLogs::default());
+    }
+
+    #[test]
+    fn loading_keeps_the_logs_of_configured_workers_up_to_now() {
+        let (_dir, path) = temp_path("logs");
+        let mut d = data();
+        d.logs = example("astro-worker-default", T0_MS);
+        let ahead = example(
+            "astro-worker-default",
+            NOW_MS + 2 * FUTURE_TOLERANCE.as_millis() as u64,
+        );
+        for (w, starts) in ahead.cold_starts {
+            d.logs.cold_starts.get_mut(&w).unwrap().extend(starts);
+        }
+        for (w, entries) in ahead.pre_warm {
+            d.logs.pre_warm.get_mut(&w).unwrap().extend(entries);
+        }
+        d.logs
+            .pre_warm
+            .extend(example("astro-worker-gone", T0_MS).pre_warm);
+        write_atomically(&path, &encode(&d)).unwrap();
+        let loaded = load(&path, &workers(&["astro-worker-default"]), NOW_MS);
+        assert_eq!(loaded.logs, example("astro-worker-default", T0_MS));
     }
 
     #[test]

@@ -1,17 +1,18 @@
 //! What pre-warming did, per worker: each window opened for a scheduled run ("pre-warmed 3
 //! workers at 04:58:30 for etl_daily (runs at 05:00; last 5 runs needed 6 slots at start)")
-//! and how it ended, with the worker-time it kept idle. Kept in memory (a restart starts a new
-//! log), bounded per worker.
+//! and how it ended, with the worker-time it kept idle. Bounded per worker, and saved with the
+//! history file ([`SavedPreWarmEntry`]) where there is one.
 
-use serde::Serialize;
-use std::collections::{HashMap, VecDeque};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// At most this many entries per worker.
 pub const MAX_PRE_WARM_ENTRIES: usize = 200;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Saved with the history by the variant's position: new variants go last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum PreWarmOutcome {
     /// The window opened: the answer carries the expected slots from now.
@@ -42,6 +43,59 @@ pub struct PreWarmEntry {
     pub text: String,
 }
 
+/// An entry as the history file keeps it: every field, none skipped (postcard, the file's
+/// format, reads fields by position).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedPreWarmEntry {
+    t: String,
+    at_ms: u64,
+    outcome: PreWarmOutcome,
+    dag: String,
+    run_after: String,
+    expected_slots: u64,
+    workers: u32,
+    idle_worker_seconds: Option<f64>,
+    text: String,
+}
+
+impl SavedPreWarmEntry {
+    pub fn at_ms(&self) -> u64 {
+        self.at_ms
+    }
+}
+
+impl From<&PreWarmEntry> for SavedPreWarmEntry {
+    fn from(e: &PreWarmEntry) -> Self {
+        SavedPreWarmEntry {
+            t: e.t.clone(),
+            at_ms: e.at_ms,
+            outcome: e.outcome,
+            dag: e.dag.clone(),
+            run_after: e.run_after.clone(),
+            expected_slots: e.expected_slots,
+            workers: e.workers,
+            idle_worker_seconds: e.idle_worker_seconds,
+            text: e.text.clone(),
+        }
+    }
+}
+
+impl From<SavedPreWarmEntry> for PreWarmEntry {
+    fn from(e: SavedPreWarmEntry) -> Self {
+        PreWarmEntry {
+            t: e.t,
+            at_ms: e.at_ms,
+            outcome: e.outcome,
+            dag: e.dag,
+            run_after: e.run_after,
+            expected_slots: e.expected_slots,
+            workers: e.workers,
+            idle_worker_seconds: e.idle_worker_seconds,
+            text: e.text,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct PreWarmLog {
     entries: Mutex<HashMap<String, VecDeque<PreWarmEntry>>>,
@@ -66,6 +120,37 @@ impl PreWarmLog {
         log.push_back(entry);
         while log.len() > MAX_PRE_WARM_ENTRIES {
             log.pop_front();
+        }
+    }
+
+    /// Every worker's entries, oldest first, to save with the history.
+    pub fn saved(&self) -> BTreeMap<String, Vec<SavedPreWarmEntry>> {
+        let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        all.iter()
+            .filter(|(_, log)| !log.is_empty())
+            .map(|(w, log)| (w.clone(), log.iter().map(SavedPreWarmEntry::from).collect()))
+            .collect()
+    }
+
+    /// Puts entries saved by an earlier Sentinel ahead of this one's, those before this one's
+    /// first (at most [`MAX_PRE_WARM_ENTRIES`] a worker, the latest).
+    pub fn restore(&self, saved: BTreeMap<String, Vec<SavedPreWarmEntry>>) {
+        let mut all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        for (worker, entries) in saved {
+            let log = all.entry(worker).or_default();
+            // What this Sentinel logged itself from some moment on stands: the saved entries
+            // of that time (another replica's, on a take-over) would repeat it.
+            let own_from = log.front().map_or(u64::MAX, |e| e.at_ms);
+            let mut restored: VecDeque<PreWarmEntry> = entries
+                .into_iter()
+                .filter(|e| e.at_ms() < own_from)
+                .map(PreWarmEntry::from)
+                .collect();
+            restored.extend(log.drain(..));
+            while restored.len() > MAX_PRE_WARM_ENTRIES {
+                restored.pop_front();
+            }
+            *log = restored;
         }
     }
 

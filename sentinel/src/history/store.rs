@@ -8,6 +8,7 @@ use super::findings::{Finding, FindingKind};
 use super::pre_warm_log::PreWarmLog;
 use super::range::HistoryRange;
 use super::sample::Sample;
+use super::saved_logs::SavedLogs;
 use super::worker_history::WorkerHistory;
 use crate::config::file::WorkerConfig;
 use crate::pool::cold_start::answer::cold_starts_answer;
@@ -16,10 +17,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// What is kept (and saved): each worker's history by worker name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What is kept (and saved): each worker's history by worker name, and the logs a loaded file
+/// brought (handed to the cold starts and the pre-warm log when the history is built; what is
+/// saved is read from those, live).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HistoryData {
     pub workers: BTreeMap<String, WorkerHistory>,
+    pub logs: SavedLogs,
 }
 
 /// Where the history lives, and so what loses it.
@@ -50,7 +54,7 @@ pub struct History {
     kept: HistoryKept,
     clock: Arc<dyn WallClock>,
     recorded_by: String,
-    /// The pools' cold starts, kept in memory only (a restarted Sentinel times new ones).
+    /// The pools' cold starts (saved with the history).
     cold_starts: Option<Arc<ColdStarts>>,
     pre_warm: Arc<PreWarmLog>,
     /// Per worker pool, the last of its workers seen running with other slots than the pool's
@@ -60,22 +64,37 @@ pub struct History {
 
 impl History {
     /// `recorded_by` names this replica in every answer; `data` is what was loaded, if any.
-    pub fn new(clock: Arc<dyn WallClock>, recorded_by: String, data: HistoryData) -> History {
+    pub fn new(clock: Arc<dyn WallClock>, recorded_by: String, mut data: HistoryData) -> History {
+        let pre_warm = Arc::new(PreWarmLog::default());
+        pre_warm.restore(std::mem::take(&mut data.logs.pre_warm));
         History {
             data: Mutex::new(data),
             clock,
             recorded_by,
             kept: HistoryKept::Memory,
             cold_starts: None,
-            pre_warm: Arc::default(),
+            pre_warm,
             drifting_workers: Mutex::default(),
         }
     }
 
-    /// Answers and records cold starts with `cold_starts` as well.
+    /// Answers and records cold starts with `cold_starts` as well (given the ones loaded).
     pub fn with_cold_starts(mut self, cold_starts: Arc<ColdStarts>) -> History {
+        cold_starts.restore(std::mem::take(&mut self.lock().logs.cold_starts));
         self.cold_starts = Some(cold_starts);
         self
+    }
+
+    /// The logs to save with the history, as they are now.
+    pub fn saved_logs(&self) -> SavedLogs {
+        SavedLogs {
+            cold_starts: self
+                .cold_starts
+                .as_ref()
+                .map(|c| c.saved())
+                .unwrap_or_default(),
+            pre_warm: self.pre_warm.saved(),
+        }
     }
 
     /// Says where the history lives in every answer.
@@ -178,6 +197,10 @@ impl History {
     /// not know keep what this replica recorded.
     pub fn continue_from(&self, saved: HistoryData) {
         self.lock().workers.extend(saved.workers);
+        self.pre_warm.restore(saved.logs.pre_warm);
+        if let Some(cold_starts) = &self.cold_starts {
+            cold_starts.restore(saved.logs.cold_starts);
+        }
     }
 
     /// Runs `f` on the data under the lock (to serialise it for saving).
@@ -190,5 +213,70 @@ impl History {
         self.data
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::clock::SystemClock;
+    use crate::history::saved_logs::example;
+    use std::time::Duration;
+
+    const POOL: &str = "astro-worker-default";
+    const T0_MS: u64 = 1_800_000_000_000;
+
+    fn loaded() -> HistoryData {
+        HistoryData {
+            logs: example(POOL, T0_MS),
+            ..HistoryData::default()
+        }
+    }
+
+    #[test]
+    fn loaded_logs_reach_the_cold_starts_and_the_pre_warm_log_and_are_saved_again() {
+        let cold_starts = Arc::new(ColdStarts::new([POOL.to_string()], true, None));
+        let history = History::new(Arc::new(SystemClock), "r".into(), loaded())
+            .with_cold_starts(cold_starts.clone());
+        // The measured lead pre-warm defaults to survives the restart.
+        assert_eq!(
+            cold_starts.typical_cold_start(POOL),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(history.pre_warm_log().summary(POOL, 0).entries.len(), 1);
+        assert_eq!(history.saved_logs(), example(POOL, T0_MS));
+        // Handed over, not kept twice.
+        assert_eq!(history.with_data(|d| d.logs.clone()), SavedLogs::default());
+    }
+
+    #[test]
+    fn a_take_over_adds_the_files_logs_before_this_replicas_own() {
+        let cold_starts = Arc::new(ColdStarts::new([POOL.to_string()], true, None));
+        let own = History::new(
+            Arc::new(SystemClock),
+            "r".into(),
+            HistoryData {
+                logs: example(POOL, T0_MS + 60_000),
+                ..HistoryData::default()
+            },
+        )
+        .with_cold_starts(cold_starts);
+        // The file: one entry before this replica's first, one at the same time (the same
+        // window, seen by the other replica).
+        let mut file = loaded();
+        let same_time = example(POOL, T0_MS + 60_000);
+        for (w, e) in same_time.pre_warm {
+            file.logs.pre_warm.get_mut(&w).unwrap().extend(e);
+        }
+        own.continue_from(file);
+        let ms: Vec<u64> = own
+            .pre_warm_log()
+            .summary(POOL, 0)
+            .entries
+            .iter()
+            .map(|e| e.at_ms)
+            .collect();
+        assert_eq!(ms, vec![T0_MS, T0_MS + 60_000]);
+        assert_eq!(own.saved_logs().cold_starts[POOL].len(), 2);
     }
 }

@@ -14,6 +14,7 @@ pub mod histograms;
 pub mod phase;
 pub mod pod_facts;
 pub mod record;
+pub mod saved;
 pub mod tracker;
 pub mod watch_events;
 

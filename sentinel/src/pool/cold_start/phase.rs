@@ -1,10 +1,10 @@
 //! The phases of a worker's cold start, in the order they happen, and how the Sentinel knows
 //! the moment of each.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One step from "work is waiting" to "the new worker runs it".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Phase {
     /// The Sentinel's refresh first saw backlog that wants more workers than the pool has.
     BacklogSeen,
@@ -65,7 +65,7 @@ impl Phase {
 }
 
 /// Whose clock and which record a moment comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Seen {
     /// The Sentinel's own observation: its refresh, or a watch event as it arrived
@@ -81,7 +81,7 @@ pub enum Seen {
 }
 
 /// When a phase was reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mark {
     pub at_ms: u64,
     pub seen: Seen,

@@ -1,11 +1,15 @@
 //! One worker's cold start: the moments of the phases it went through, and how it ended.
+//!
+//! The enums here and in [`phase`](super::phase) are saved with the history by their variant's
+//! position: new variants go last.
 
 use super::phase::{Mark, Phase};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Whether the pool had no worker at all when the start began.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StartKind {
     /// The pool was at zero: this start is all the latency its first task sees.
     FromZero,
@@ -31,7 +35,7 @@ impl StartKind {
 }
 
 /// Why a start ended before its first task ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Incomplete {
     /// The Pod was deleted first (scaled in, evicted, the start failed).
     PodDeleted,
@@ -51,7 +55,7 @@ impl Incomplete {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     InProgress,
     /// The first task ran.
@@ -88,6 +92,23 @@ impl ColdStart {
             chain,
             marks: BTreeMap::new(),
             outcome: Outcome::InProgress,
+        }
+    }
+
+    /// A start as saved: `marks` as they were, `outcome` how it ended.
+    pub fn restored(
+        worker: String,
+        kind: StartKind,
+        chain: &'static [Phase],
+        marks: impl IntoIterator<Item = (Phase, Mark)>,
+        outcome: Outcome,
+    ) -> ColdStart {
+        ColdStart {
+            worker,
+            kind,
+            chain,
+            marks: marks.into_iter().collect(),
+            outcome,
         }
     }
 

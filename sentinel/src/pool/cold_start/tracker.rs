@@ -22,6 +22,7 @@ use super::histograms::ColdStartHistograms;
 use super::phase::{Mark, Phase};
 use super::pod_facts::PodFacts;
 use super::record::{nearest_rank, ColdStart, Incomplete, Outcome, StartKind};
+use super::saved::SavedColdStart;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -433,6 +434,51 @@ impl ColdStarts {
             .filter_map(ColdStart::total)
             .collect();
         nearest_rank(&mut totals, 0.9)
+    }
+
+    /// Each followed pool's finished starts, oldest first, to save with the history.
+    pub fn saved(&self) -> BTreeMap<String, Vec<SavedColdStart>> {
+        self.lock()
+            .iter()
+            .filter(|(_, p)| !p.finished.is_empty())
+            .map(|(pool, p)| {
+                (
+                    pool.clone(),
+                    p.finished.iter().map(SavedColdStart::from).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Files starts saved by an earlier Sentinel ahead of this one's (those that began before
+    /// this one's first), for the pools followed
+    /// (at most [`KEPT_PER_POOL`] a pool, the latest). They are history: the histograms,
+    /// which count this process's observations, do not see them again.
+    pub fn restore(&self, saved: BTreeMap<String, Vec<SavedColdStart>>) {
+        let mut pools = self.lock();
+        for (pool, starts) in saved {
+            let Some(p) = pools.get_mut(&pool) else {
+                continue;
+            };
+            // Starts this Sentinel timed itself from some moment on stand: the saved ones of
+            // that time (another replica's, on a take-over) would repeat them.
+            let own_from = p
+                .finished
+                .iter()
+                .filter_map(ColdStart::began_ms)
+                .min()
+                .unwrap_or(u64::MAX);
+            let mut restored: VecDeque<ColdStart> = starts
+                .into_iter()
+                .filter(|s| s.began_ms().is_some_and(|b| b < own_from))
+                .map(ColdStart::from)
+                .collect();
+            restored.extend(p.finished.drain(..));
+            while restored.len() > KEPT_PER_POOL {
+                restored.pop_front();
+            }
+            p.finished = restored;
+        }
     }
 
     fn with_pool(&self, pool: &str, f: impl FnOnce(&mut PoolStarts)) {
