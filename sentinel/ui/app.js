@@ -630,14 +630,19 @@
     return { from, to, span: Math.max(to - from, 1), step, points, since, young: from > rangeFrom };
   }
 
-  // Time labels under a chart: five, or dates on ranges longer than a day and a half.
+  // Time labels under a chart: five, dates on ranges longer than a day and a half, and seconds
+  // where the labels are less than a minute apart (a recording a few seconds old), which would
+  // otherwise all read the same minute.
   function timeAxis(axes, frame, c, x, fmt) {
     const long = frame.span > 36 * 3600 * 1000;
+    const short = frame.span / 4 < 60 * 1000;
     for (let i = 0; i <= 4; i += 1) {
       const ms = frame.from + (frame.span * i) / 4;
       const label = long
         ? new Date(ms).toLocaleDateString([], { month: "short", day: "numeric" })
-        : timeOfDay(ms);
+        : short
+          ? new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" })
+          : timeOfDay(ms);
       const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
       axes.append(svgEl("text", { class: "x-label", x: fmt(x(ms)), y: c.height - 8, "text-anchor": anchor }, label));
     }

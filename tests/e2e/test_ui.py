@@ -267,6 +267,10 @@ def test_worker_list_and_scaling_history_by_keyboard(sentinel, browser, screensh
         assert chart.find_element(By.CSS_SELECTOR, "text.since-label").get_attribute("textContent") \
             == "recording started"
         assert "the time axis starts there" in chart.find_element(By.TAG_NAME, "desc").get_attribute("textContent")
+        # However short the axis, its five times read apart (seconds when they are under a
+        # minute apart).
+        labels = [t.get_attribute("textContent") for t in chart.find_elements(By.CSS_SELECTOR, "text.x-label")]
+        assert len(labels) == 5 and len(set(labels)) == 5, f"time labels repeat: {labels}"
     if status == 200:
         drain = by_id(d, "drain-chart")
         assert drain.get_attribute("role") == "img"
