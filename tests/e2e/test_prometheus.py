@@ -79,8 +79,11 @@ def _yaml():
 
 
 def shipped_adapter_rule() -> dict:
+    """The queue-depth rule (the other shipped rule, the Sentinel's pre-warm series, is proven
+    with the real adapter on the control plane: tests/cluster/test_hpa_path.py)."""
     shipped = _yaml().safe_load((CHART / "prometheus-adapter-values.yaml").read_text())
-    (rule,) = shipped["rules"]["custom"]
+    (rule,) = [r for r in shipped["rules"]["custom"]
+               if r["name"]["as"] == "astro_agent_client_queued_or_running_tasks"]
     return rule
 
 
