@@ -37,6 +37,7 @@ optional ``KEDA_CONTRACT_CHART`` (another chart folder) and ``KEDA_CONTRACT_EXTR
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -54,6 +55,7 @@ import pytest
 import yaml
 
 from harness.airflow_stack import PASSWORD, USERNAME, AirflowStack
+from harness.certs import issue, make_ca
 from harness.procs import Daemon, free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -219,6 +221,44 @@ def keda_env_from_notes(helm: str, args: list[str], work: Path) -> dict[str, str
     return {e["name"]: e["value"] for e in yaml.safe_load(block)["env"]}
 
 
+def made_by_the_pre_install_job(rendered: str, folder: Path) -> str:
+    """The Secrets the chart's pre-install Job (`astro-sentinel ensure-secrets`) makes, as YAML
+    documents to add to the rendered ones. This stage has no API server for the Job to write to,
+    so they are made here to the Job's own arguments (certificates with openssl); the real Job
+    runs in the cluster stage (tests/cluster/test_install.py, test_external_push.py)."""
+    jobs = [d for d in yaml.safe_load_all(rendered)
+            if d and d["kind"] == "Job" and d["metadata"]["name"].endswith("-ensure-secrets")]
+    if not jobs:
+        return ""
+    (job,) = jobs
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    flags: dict[str, str] = {}
+    dns: list[str] = []
+    for arg in container["args"][1:]:
+        key, _, value = arg.partition("=")
+        if key == "--external-scaler-dns-name":
+            dns.append(value)
+        else:
+            flags[key] = value
+    made: dict[str, dict[str, bytes]] = {}
+    if "--keda-token-secret" in flags:
+        made[flags["--keda-token-secret"]] = {"token": secrets.token_hex(24).encode()}
+    if "--external-scaler-ca-secret" in flags:
+        ca = make_ca(folder, "ca")
+        made[flags["--external-scaler-ca-secret"]] = {"ca.crt": ca.pem_cert(), "ca.key": ca.key.read_bytes()}
+        leaves = {
+            "--external-scaler-server-secret": issue(ca, folder, "server", flags["--external-scaler-common-name"],
+                                                     dns=tuple(dns)),
+            "--external-scaler-client-secret": issue(ca, folder, "client", "keda-operator", client=True),
+        }
+        for flag, pair in leaves.items():
+            made[flags[flag]] = {"tls.crt": pair.pem_cert(), "tls.key": pair.key.read_bytes(), "ca.crt": ca.pem_cert()}
+    docs = [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NAMESPACE},
+             "type": "Opaque", "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}
+            for name, data in made.items()]
+    return "".join(f"\n---\n# made by the chart's pre-install Job\n{yaml.safe_dump(d)}" for d in docs)
+
+
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory) -> dict[str, Scenario]:
     helm = need_env("ASTRO_HELM")
@@ -236,7 +276,7 @@ def scenarios(tmp_path_factory) -> dict[str, Scenario]:
         proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "KUBECONFIG": os.devnull})
         assert proc.returncode == 0, f"helm template {name}:\n{proc.stderr}"
-        (sc.dir / "rendered.yaml").write_text(proc.stdout)
+        (sc.dir / "rendered.yaml").write_text(proc.stdout + made_by_the_pre_install_job(proc.stdout, sc.dir / "made"))
         go_tool(sc, "prepare", KEDA_CONTRACT_NAME=name, KEDA_CONTRACT_NAMESPACE=NAMESPACE,
                 KEDA_CONTRACT_VALUES=os.pathsep.join(map(str, [CHART / "values.yaml", *files])))
         sc.info = json.loads((sc.dir / "scenario.json").read_text())
