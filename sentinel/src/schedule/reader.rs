@@ -434,6 +434,24 @@ mod tests {
         (airflow, reader)
     }
 
+    /// DAG `etl` has run once, its one task on `q` taking 6 slots (`ended`: when it ended).
+    fn one_run_of_6_slots(airflow: &FakeAirflow, ended: Option<&str>) {
+        airflow.runs.lock().unwrap().insert(
+            "etl".into(),
+            RecentRuns {
+                run_ids: vec!["r1".into()],
+                instances: vec![RunTaskInstance {
+                    dag_run_id: "r1".into(),
+                    queue: Some("q".into()),
+                    pool_slots: 6,
+                    queued_when: Some("2026-01-01T04:00:01Z".into()),
+                    start_date: None,
+                    end_date: ended.map(str::to_string),
+                }],
+            },
+        );
+    }
+
     fn slots(plan: &Plan) -> Vec<(String, u64)> {
         plan.for_worker("w")
             .iter()
@@ -503,20 +521,7 @@ mod tests {
                 .count()
         };
         assert_eq!(learnings(&airflow), 1);
-        airflow.runs.lock().unwrap().insert(
-            "etl".into(),
-            RecentRuns {
-                run_ids: vec!["r1".into()],
-                instances: vec![RunTaskInstance {
-                    dag_run_id: "r1".into(),
-                    queue: Some("q".into()),
-                    pool_slots: 6,
-                    queued_when: Some("2026-01-01T04:00:01Z".into()),
-                    start_date: None,
-                    end_date: None,
-                }],
-            },
-        );
+        one_run_of_6_slots(&airflow, None);
         airflow.dags.lock().unwrap()[0].next_dagrun_run_after = Some("2026-01-01T06:00:00Z".into());
         let plan = reader.read(t0).await.unwrap();
         assert_eq!(learnings(&airflow), 2);
@@ -532,20 +537,7 @@ mod tests {
             vec![("etl".to_string(), 3)]
         );
         // The run under way finishes; the next run has not moved.
-        airflow.runs.lock().unwrap().insert(
-            "etl".into(),
-            RecentRuns {
-                run_ids: vec!["r1".into()],
-                instances: vec![RunTaskInstance {
-                    dag_run_id: "r1".into(),
-                    queue: Some("q".into()),
-                    pool_slots: 6,
-                    queued_when: Some("2026-01-01T04:00:01Z".into()),
-                    start_date: None,
-                    end_date: Some("2026-01-01T04:00:09Z".into()),
-                }],
-            },
-        );
+        one_run_of_6_slots(&airflow, Some("2026-01-01T04:00:09Z"));
         let within = reader.read(t0 + GUESS_TTL / 2).await.unwrap();
         assert_eq!(
             slots(&within),
