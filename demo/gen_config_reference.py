@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     for name in BINARIES:
         path = binary(name)
         if not path.exists():
-            raise SystemExit(f"{path} missing: cargo build --release -p {name}")
+            raise SystemExit(f"{path} missing: cargo build --workspace --release")
         helps[name] = help_text(path)
     old = readme_path.read_text()
     new = render(old, helps)

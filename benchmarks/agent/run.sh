@@ -4,8 +4,8 @@
 #
 #   benchmarks/agent/run.sh [--quick] [--out FILE] [--workers astro-agent,python]
 #
-# Builds the agent unless ASTRO_AGENT_BIN names one (cargo build --release -p astro-agent, into
-# the cached target folder) and gets the cached Python venvs (both in tests/lib/prologue.sh),
+# Builds the workspace's release binaries unless ASTRO_AGENT_BIN names one (into the cached
+# target folder, the build the tests use) and gets the cached Python venvs (both in tests/lib/prologue.sh),
 # then runs bench.py, which starts and stops every process itself (by PID, also on failure or
 # Ctrl-C). A full run takes about 15 minutes; --quick is a smoke run of a few minutes.
 set -euo pipefail

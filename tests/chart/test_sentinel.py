@@ -252,7 +252,7 @@ def _sentinel_binary():
 def test_real_sentinel_accepts_the_rendered_config(chart, name, tmp_path):
     binary = _sentinel_binary()
     if not binary:
-        pytest.skip("no astro-sentinel binary built (cargo build -p astro-sentinel, or set ASTRO_SENTINEL_BIN)")
+        pytest.skip("no astro-sentinel binary built (cargo build --workspace --release, or set ASTRO_SENTINEL_BIN)")
     values, _ = effective(name)
     config = sentinel_config(chart.render(scenario(name)), values)
     # Same file, with the in-Pod paths moved into the test's folder.

@@ -44,7 +44,7 @@ ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
 tools="$(bash "$root/tests/lib/venvs.sh" tools)"
 bash "$root/tests/lib/venvs.sh" airflow >/dev/null
 if [ -z "${ASTRO_AGENT_BIN:-}" ] || [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
-  (cd "$root" && cargo build --release -p astro-agent -p astro-sentinel)
+  (cd "$root" && cargo_release_build)
   ASTRO_AGENT_BIN="$ASTRO_RELEASE_DIR/astro-agent"
   ASTRO_SENTINEL_BIN="$ASTRO_RELEASE_DIR/astro-sentinel"
 fi

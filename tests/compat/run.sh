@@ -56,7 +56,7 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 export ASTRO_AGENT_BIN="${ASTRO_AGENT_BIN:-$ASTRO_RELEASE_DIR/astro-agent}"
 export ASTRO_SENTINEL_BIN="${ASTRO_SENTINEL_BIN:-$ASTRO_RELEASE_DIR/astro-sentinel}"
 [ -x "$ASTRO_AGENT_BIN" ] && [ -x "$ASTRO_SENTINEL_BIN" ] \
-  || cargo build --release -p astro-agent -p astro-sentinel
+  || cargo_release_build
 python="$(bash tests/lib/venvs.sh tools)/bin/python"
 tests=(
   tests/e2e/test_compat_mix.py

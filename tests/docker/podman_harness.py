@@ -96,7 +96,7 @@ def static_binary(name: str) -> Path:
     if given:
         return Path(given)
     built = subprocess.run(["bash", "-c", ". tests/lib/cache.sh && . tests/lib/cargo-target.sh && "
-                            f"cargo build --release --locked -p {name} >&2 && "
+                            "cargo_release_build --locked >&2 && "
                             f'echo "$ASTRO_RELEASE_DIR/{name}"'],
                            cwd=REPO, check=True, stdout=subprocess.PIPE, text=True, timeout=3600)
     return Path(built.stdout.strip())

@@ -16,8 +16,8 @@ For each source (``airflow-api``: the public REST API with username/password;
 Requests are sent exactly as KEDA's metrics-api scaler sends them (GET, ``Authorization:
 Bearer``, no ``Accept``) and ``backlog`` is read by its JSON path.
 
-The sentinel binary: ``$ASTRO_SENTINEL_BIN``, else ``cargo build --release -p astro-sentinel``
-and ``${CARGO_TARGET_DIR:-target}/release/astro-sentinel``.
+The sentinel binary: ``$ASTRO_SENTINEL_BIN``, else the workspace's release build
+(``cargo build --workspace --release``) and ``${CARGO_TARGET_DIR:-target}/release/astro-sentinel``.
 
 The harness has no public way to stop and start PostgreSQL, so :func:`stop_postgres` and
 :func:`start_postgres` below do it with the stack's own cluster folder; the scheduler and

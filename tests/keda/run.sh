@@ -9,7 +9,7 @@
 # What it needs and fetches (cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}):
 #   go/<go version>/{mod,build}  Go modules (KEDA pinned in go.mod) and the build cache
 #   the pinned helm (tests/chart/helm.sh), the tools and airflow venvs (tests/lib/venvs.sh)
-#   astro-sentinel: $ASTRO_SENTINEL_BIN, else `cargo build --release -p astro-sentinel` into
+#   astro-sentinel: $ASTRO_SENTINEL_BIN, else the workspace's release build (cargo_release_build) into
 #   the cached target folder (tests/lib/cargo-target.sh)
 # Environment for experiments: KEDA_CONTRACT_CHART (another chart folder),
 # KEDA_CONTRACT_EXTRA_VALUES (values files, ':'-separated, added to every scenario).
@@ -37,7 +37,7 @@ mkdir -p "$GOMODCACHE" "$GOCACHE"
 ASTRO_HELM="$(bash "$root/tests/chart/helm.sh")"
 tools="$(bash "$root/tests/lib/venvs.sh" tools)"
 if [ -z "${ASTRO_SENTINEL_BIN:-}" ]; then
-  (cd "$root" && cargo build --release -p astro-sentinel)
+  (cd "$root" && cargo_release_build)
   ASTRO_SENTINEL_BIN="$ASTRO_RELEASE_DIR/astro-sentinel"
 fi
 [ -x "$ASTRO_SENTINEL_BIN" ] || { echo "no astro-sentinel binary at $ASTRO_SENTINEL_BIN" >&2; exit 1; }

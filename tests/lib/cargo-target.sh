@@ -19,3 +19,10 @@ case "$host_triple" in
     ;;
 esac
 export ASTRO_RELEASE_DIR="$CARGO_TARGET_DIR/$host_triple/release"
+
+# cargo_release_build [ARGS]: the release build every script asks for, always of the whole
+# workspace, whichever binary the caller needs. Cargo resolves features per invocation:
+# `-p astro-sentinel` alone resolves tokio-util, tower and more without the agent's features,
+# and so compiles them and every crate above them again; with the workspace, the tests, the
+# stages and the benchmarks share one build.
+cargo_release_build() { cargo build --workspace --release "$@"; }

@@ -4,7 +4,8 @@
 #   . tests/lib/prologue.sh [--airflow] [--with=TOOL]... CRATE...
 #
 # Installs the missing system packages (prerequisites.sh, plus each TOOL it knows), builds the
-# release binary of each CRATE into the cached cargo target folder unless ASTRO_<CRATE>_BIN
+# workspace's release binaries (cargo_release_build) into the cached cargo target folder unless
+# for each CRATE ASTRO_<CRATE>_BIN
 # (astro-agent: ASTRO_AGENT_BIN) already names one, and exports those variables. Then gets the
 # cached tools venv and leaves its interpreter in $python; with --airflow the airflow venv too,
 # so that its one-time build happens here and not in the middle of a timed run. Last, puts
@@ -14,7 +15,7 @@
 . tests/lib/cargo-target.sh
 
 prologue() {
-  local arg crate var airflow= tools=() crates=() build=()
+  local arg crate var airflow= tools=() crates=() build=
   for arg in "$@"; do
     case "$arg" in
       --airflow) airflow=1 ;;
@@ -27,13 +28,13 @@ prologue() {
   for crate in "${crates[@]}"; do
     var="$(tr a-z- A-Z_ <<<"$crate")_BIN"
     if [ -z "${!var:-}" ]; then
-      build+=(-p "$crate")
+      build=1
       export "$var=$ASTRO_RELEASE_DIR/$crate"
     fi
   done
-  if [ ${#build[@]} -gt 0 ]; then
-    echo "==> cargo build --release ${build[*]}" >&2
-    cargo build --release "${build[@]}" >&2
+  if [ -n "$build" ]; then
+    echo "==> cargo build --workspace --release" >&2
+    cargo_release_build >&2
   fi
   for crate in "${crates[@]}"; do
     var="$(tr a-z- A-Z_ <<<"$crate")_BIN"
