@@ -4,11 +4,9 @@
 //! its expected slots apart from the backlog, `/metrics` too; once its work is queued after
 //! `run_after`, the real backlog takes over and the history says what happened.
 
-mod common;
-
+use crate::common::*;
 use airflow::dag_schedule::{DagTask, ListedDag};
 use astro_sentinel::schedule::reader::{RecentRuns, ScheduleSource};
-use common::*;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use std::sync::Arc;

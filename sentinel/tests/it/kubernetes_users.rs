@@ -3,10 +3,8 @@
 //! is a 403 naming the user, a token nobody vouches for is a 401, KEDA's token still reads
 //! everything, and the API server's answers are cached.
 
-mod common;
-
+use crate::common::*;
 use astro_sentinel::config::kubernetes_access::KubernetesAccess;
-use common::*;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use test_kit::fake_kubernetes::{service_account_jwt, FakeKubernetes};

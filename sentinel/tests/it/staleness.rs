@@ -2,9 +2,7 @@
 //! worker answers 503; a queue never read answers 503; one failing queue does not take the
 //! others down; and the upstream is read once per queue per interval however often KEDA asks.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 use test_kit::fake_rest_api::fake_airflow;
 use test_kit::keda::{keda_get, value_at};

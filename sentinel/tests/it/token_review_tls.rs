@@ -1,10 +1,8 @@
 //! TokenReview over HTTPS as in a cluster: the API server's certificate must chain to the
 //! configured CA file (and only to it), as with the in-cluster `ca.crt`.
 
-mod common;
-
+use crate::common::*;
 use astro_sentinel::config::kubernetes_access::KubernetesAccess;
-use common::*;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;

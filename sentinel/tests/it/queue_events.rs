@@ -2,10 +2,8 @@
 //! TokenReview: a worker's token opens the stream and nothing else, KEDA's token keeps every
 //! endpoint, the stream tells the state then each rise, and the metrics count it.
 
-mod common;
-
+use crate::common::*;
 use astro_sentinel::config::kubernetes_access::KubernetesAccess;
-use common::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 use test_kit::eventually;

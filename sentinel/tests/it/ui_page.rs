@@ -1,9 +1,7 @@
 //! The page's routes through the real server: `/ui/` and its files need no token, while the
 //! API the page reads still does; unknown files are 404; the headers a browser obeys are set.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 use test_kit::fake_rest_api::fake_airflow;
 use test_kit::keda::keda_get;

@@ -2,10 +2,8 @@
 //! server: allowed, not allowed (403), invalid (401), verdict cache and its expiry, review
 //! failures (503, not cached), and the Sentinel's own rotating service-account token.
 
-mod common;
-
+use crate::common::*;
 use astro_sentinel::config::kubernetes_access::KubernetesAccess;
-use common::*;
 use std::time::Duration;
 use test_kit::fake_kubernetes::FakeKubernetes;
 use test_kit::fake_rest_api::fake_airflow;

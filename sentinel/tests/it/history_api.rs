@@ -2,9 +2,7 @@
 //! the real airflow-api source, refresh loop, history, static-token auth and HTTP server; and
 //! the history file across a restart, including a corrupt one.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;

@@ -2,9 +2,7 @@
 //! airflow-api source, refresh loop, cache, static-token auth and HTTP server, and a client
 //! that calls exactly as KEDA's metrics-api scaler does.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 use test_kit::fake_rest_api::fake_airflow;
 use test_kit::keda::{keda_get, value_at};

@@ -6,11 +6,9 @@
 //! reviewed on the budget of tokens that claim an allowed identity, which the flood does not
 //! spend; and a refusal is cached for moments, not for the whole TTL.
 
-mod common;
-
+use crate::common::*;
 use astro_sentinel::config::kubernetes_access::KubernetesAccess;
 use astro_sentinel::serve::auth::token_review::{REFUSAL_TTL, REVIEWS_PER_SECOND, REVIEW_BURST};
-use common::*;
 use futures_util::future::join_all;
 use std::time::{Duration, Instant};
 use test_kit::fake_kubernetes::{jwt_shaped, service_account_jwt, FakeKubernetes};
