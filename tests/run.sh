@@ -23,6 +23,8 @@
 #           operator, Prometheus and prometheus-adapter (only the kubelet is stood in for)
 # An unknown stage name exits 2 and lists the valid ones.
 #
+# What the later stages download is fetched in the background while the Rust stage compiles
+# (tests/lib/prefetch.sh), and the cluster stage's Go builds run beside the stages, niced.
 # Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}, keyed by
 # version; without the cache the same run only takes longer.
 set -euo pipefail
@@ -84,12 +86,16 @@ cluster_build_pid=
 cluster_build_log=
 compat_venvs_pid=
 compat_venvs_log=
+prefetch_pid=
+prefetch_log=
 on_exit() {
   print_times
   [ -z "$cluster_build_pid" ] || kill -- -"$cluster_build_pid" 2>/dev/null || true
   [ -z "$cluster_build_log" ] || rm -f "$cluster_build_log"
   [ -z "$compat_venvs_pid" ] || kill -- -"$compat_venvs_pid" 2>/dev/null || true
   [ -z "$compat_venvs_log" ] || rm -f "$compat_venvs_log"
+  [ -z "$prefetch_pid" ] || kill -- -"$prefetch_pid" 2>/dev/null || true
+  [ -z "$prefetch_log" ] || rm -f "$prefetch_log"
 }
 trap on_exit EXIT
 
@@ -99,6 +105,21 @@ if want cluster; then
   setsid nice -n 19 bash tests/cluster/build.sh >"$cluster_build_log" 2>&1 &
   cluster_build_pid=$!
 fi
+# What the stages after the Rust one download (Debian's packages, venvs, Go modules, helm),
+# fetched while the Rust stage compiles; every later stage first waits for it (await_prefetch).
+prefetch_start=$SECONDS
+prefetch_log="$(mktemp)"
+setsid bash tests/lib/prefetch.sh "${chosen[@]}" >"$prefetch_log" 2>&1 &
+prefetch_pid=$!
+await_prefetch() {
+  [ -n "$prefetch_pid" ] || return 0
+  local status=0 waited=$SECONDS
+  wait "$prefetch_pid" || status=$?
+  prefetch_pid=
+  cat "$prefetch_log"
+  echo "prefetch: done $((SECONDS - prefetch_start)) s after the start; waited $((SECONDS - waited)) s for it"
+  [ "$status" -eq 0 ] || { echo "fetching ahead failed (exit $status)" >&2; return 1; }
+}
 # The compatibility matrix's venvs (downloads, a minute or two each when not cached), likewise.
 if want compat; then
   compat_venvs_log="$(mktemp)"
@@ -186,5 +207,7 @@ if ! want rust; then
   timed "release build" cargo_release_build # a no-op when up to date
 fi
 for name in "${stages[@]}"; do
-  if want "$name"; then timed "$name" "stage_$name"; fi
+  want "$name" || continue
+  [ "$name" = rust ] || [ -z "$prefetch_pid" ] || timed "prefetch (waited)" await_prefetch
+  timed "$name" "stage_$name"
 done
