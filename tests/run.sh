@@ -77,6 +77,21 @@ timed() {
   current_stage=
 }
 
+# ---- work in the background -------------------------------------------------------------------
+# in_background NICE LOG COMMAND...: starts COMMAND in a session of its own (stopped as one
+# process group on the way out), its output to LOG, at nice NICE, and leaves its PID in
+# $background_pid. The kernel's autogroups (sched_autogroup_enabled) share the CPU between
+# sessions equally whatever their processes' nice values, so a niced build in its own session
+# took half of both cores from the Rust compile; the session's own nice is set as well.
+background_pid=
+in_background() {
+  local nice="$1" log="$2"
+  shift 2
+  setsid bash -c 'echo "$1" >/proc/self/autogroup 2>/dev/null || true; n="$1"; shift; exec nice -n "$n" "$@"' \
+    background "$nice" "$@" >"$log" 2>&1 &
+  background_pid=$!
+}
+
 # ---- the cluster stage's Go builds, in the background -----------------------------------------
 # The control plane, KEDA, Prometheus and prometheus-adapter (about 25 min of CPU when nothing is
 # cached) start now, niced, in their own process group: they take what CPU the other stages
@@ -102,15 +117,17 @@ trap on_exit EXIT
 timed prerequisites bash tests/lib/prerequisites.sh go curl
 if want cluster; then
   cluster_build_log="$(mktemp)"
-  setsid nice -n 19 bash tests/cluster/build.sh >"$cluster_build_log" 2>&1 &
-  cluster_build_pid=$!
+  in_background 19 "$cluster_build_log" bash tests/cluster/build.sh
+  cluster_build_pid=$background_pid
 fi
 # What the stages after the Rust one download (Debian's packages, venvs, Go modules, helm),
 # fetched while the Rust stage compiles; every later stage first waits for it (await_prefetch).
 prefetch_start=$SECONDS
 prefetch_log="$(mktemp)"
-setsid bash tests/lib/prefetch.sh "${chosen[@]}" >"$prefetch_log" 2>&1 &
-prefetch_pid=$!
+# Niced less than the builds: mostly it waits on the network, and it must be done by the time the
+# Rust stage is.
+in_background 10 "$prefetch_log" bash tests/lib/prefetch.sh "${chosen[@]}"
+prefetch_pid=$background_pid
 await_prefetch() {
   [ -n "$prefetch_pid" ] || return 0
   local status=0 waited=$SECONDS
@@ -123,8 +140,8 @@ await_prefetch() {
 # The compatibility matrix's venvs (downloads, a minute or two each when not cached), likewise.
 if want compat; then
   compat_venvs_log="$(mktemp)"
-  setsid nice -n 19 bash tests/compat/run.sh --venvs "${compat_pairs[@]}" >"$compat_venvs_log" 2>&1 &
-  compat_venvs_pid=$!
+  in_background 19 "$compat_venvs_log" bash tests/compat/run.sh --venvs "${compat_pairs[@]}"
+  compat_venvs_pid=$background_pid
 fi
 
 # The binaries every later stage tests (none of them skips for want of a build).
