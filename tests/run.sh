@@ -24,7 +24,7 @@
 # An unknown stage name exits 2 and lists the valid ones.
 #
 # What the later stages download is fetched in the background while the Rust stage compiles
-# (tests/lib/prefetch.sh), and the cluster stage's Go builds run beside the stages, niced.
+# (tests/lib/prefetch.sh), and the cluster stage's Go builds run beside the stages.
 # Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}, keyed by
 # version; without the cache the same run only takes longer.
 set -euo pipefail
@@ -78,25 +78,27 @@ timed() {
 }
 
 # ---- work in the background -------------------------------------------------------------------
-# in_background NICE LOG COMMAND...: starts COMMAND in a session of its own (stopped as one
-# process group on the way out), its output to LOG, at nice NICE, and leaves its PID in
-# $background_pid. The kernel's autogroups (sched_autogroup_enabled) share the CPU between
-# sessions equally whatever their processes' nice values, so a niced build in its own session
-# took half of both cores from the Rust compile; the session's own nice is set as well.
+# in_background LOG COMMAND...: starts COMMAND in a session of its own (stopped as one process
+# group on the way out), its output to LOG, and leaves its PID in $background_pid.
+# On purpose not niced: the kernel's autogroups (sched_autogroup_enabled) share the CPU equally
+# between sessions whatever their processes' nice values, so each background session gets as
+# much CPU as the stages. Measured on a fresh machine: with each session's autogroup niced to
+# 19, the Rust stage took 25.5 min instead of about 32, but the Go builds it starved then ran
+# under the e2e stage (12.5 min instead of 9) and held the KEDA stage (its test binary 16 min
+# instead of a few): more than the gain. All of that work needs the CPU; what pays is less of it.
 background_pid=
 in_background() {
-  local nice="$1" log="$2"
-  shift 2
-  setsid bash -c 'echo "$1" >/proc/self/autogroup 2>/dev/null || true; n="$1"; shift; exec nice -n "$n" "$@"' \
-    background "$nice" "$@" >"$log" 2>&1 &
+  local log="$1"
+  shift
+  setsid "$@" >"$log" 2>&1 &
   background_pid=$!
 }
 
 # ---- the cluster stage's Go builds, in the background -----------------------------------------
 # The control plane, KEDA, Prometheus and prometheus-adapter (about 25 min of CPU when nothing is
-# cached) start now, niced, in their own process group: they take what CPU the other stages
-# leave idle (sleeping tasks, waiting daemons) and are done or nearly so when the cluster stage,
-# the last, needs them.
+# cached) start now, in their own session (see in_background): they share the CPU with the Rust
+# stage and take what the later stages leave idle (sleeping tasks, waiting daemons), and are done
+# or nearly so when the cluster stage, the last, needs them.
 cluster_build_pid=
 cluster_build_log=
 compat_venvs_pid=
@@ -117,16 +119,14 @@ trap on_exit EXIT
 timed prerequisites bash tests/lib/prerequisites.sh go curl
 if want cluster; then
   cluster_build_log="$(mktemp)"
-  in_background 19 "$cluster_build_log" bash tests/cluster/build.sh
+  in_background "$cluster_build_log" bash tests/cluster/build.sh
   cluster_build_pid=$background_pid
 fi
 # What the stages after the Rust one download (Debian's packages, venvs, Go modules, helm),
 # fetched while the Rust stage compiles; every later stage first waits for it (await_prefetch).
 prefetch_start=$SECONDS
 prefetch_log="$(mktemp)"
-# Niced less than the builds: mostly it waits on the network, and it must be done by the time the
-# Rust stage is.
-in_background 10 "$prefetch_log" bash tests/lib/prefetch.sh "${chosen[@]}"
+in_background "$prefetch_log" bash tests/lib/prefetch.sh "${chosen[@]}"
 prefetch_pid=$background_pid
 await_prefetch() {
   [ -n "$prefetch_pid" ] || return 0
@@ -140,7 +140,7 @@ await_prefetch() {
 # The compatibility matrix's venvs (downloads, a minute or two each when not cached), likewise.
 if want compat; then
   compat_venvs_log="$(mktemp)"
-  in_background 19 "$compat_venvs_log" bash tests/compat/run.sh --venvs "${compat_pairs[@]}"
+  in_background "$compat_venvs_log" bash tests/compat/run.sh --venvs "${compat_pairs[@]}"
   compat_venvs_pid=$background_pid
 fi
 

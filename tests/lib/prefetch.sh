@@ -5,8 +5,8 @@
 # pinned helm. tests/run.sh starts it in the background with the Rust stage: fetching waits on
 # the network, compiling on the CPU, so the two overlap. Each thing lands in the cache it always
 # did (tests/lib/cache.sh), and each stage still fetches for itself what it finds missing, so a
-# stage run on its own needs none of this. The Go build (helm) runs last, niced: it takes only
-# the CPU the compile leaves idle.
+# stage run on its own needs none of this. The one compile here (helm, from the Go module proxy)
+# comes last.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -92,7 +92,7 @@ if any e2e; then
   }
   timed prometheus
 fi
-# helm from the Go module proxy: a compile, so niced; its log only when it fails.
+# helm from the Go module proxy; its log only when it fails.
 if any chart keda cluster; then
-  timed nice -n 19 bash tests/chart/helm.sh >/dev/null 2>"$logs/helm" || { cat "$logs/helm" >&2; exit 1; }
+  timed bash tests/chart/helm.sh >/dev/null 2>"$logs/helm" || { cat "$logs/helm" >&2; exit 1; }
 fi
