@@ -26,25 +26,34 @@ timed() {
   echo "prefetch: $* in $((SECONDS - start)) s"
 }
 
-# ---- Debian's packages, one transaction (the harness installs the same ones when missing) ----
+# ---- Debian's packages, installed as the stages would (the harness installs them when missing) --
+# Without their recommended packages, as the stages install them; podman with them: its pods
+# need catatonit, which it only recommends.
 packages=()
 any e2e cluster && packages+=(chromium chromium-driver)
 any e2e docker cluster && packages+=(openssl)
-any docker && packages+=(podman runc)
 any cluster && packages+=(util-linux iproute2)
-debian_packages() {
-  local missing=() package
+with_recommends=()
+any docker && with_recommends+=(podman runc)
+missing() {
+  local package
   for package in "$@"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || missing+=("$package")
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || echo "$package"
   done
-  [ ${#missing[@]} -gt 0 ] || return 0
-  [ "$(id -u)" -eq 0 ] || { echo "prefetch: not root, leaving ${missing[*]} to the stages" >&2; return 0; }
+}
+debian_packages() {
+  local bare recommended
+  bare="$(missing "${packages[@]}")"
+  recommended="$(missing "${with_recommends[@]}")"
+  [ -n "$bare$recommended" ] || return 0
+  [ "$(id -u)" -eq 0 ] || { echo "prefetch: not root, leaving" $bare $recommended "to the stages" >&2; return 0; }
   # The harness's own apt lock (tests/lib/harness/procs.py): one apt at a time.
   (
     flock 9
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    [ -z "$bare" ] || apt-get install -y -qq --no-install-recommends $bare >/dev/null
+    [ -z "$recommended" ] || apt-get install -y -qq $recommended >/dev/null
   ) 9>"$ASTRO_CACHE_DIR/apt.lock"
 }
 
@@ -60,7 +69,7 @@ spawn() {
   pids+=($!)
   names+=("$name")
 }
-[ ${#packages[@]} -eq 0 ] || spawn debian debian_packages "${packages[@]}"
+[ $((${#packages[@]} + ${#with_recommends[@]})) -eq 0 ] || spawn debian debian_packages
 any e2e compat keda demo docker cluster && spawn venv-tools bash tests/lib/venvs.sh tools
 any e2e compat demo docker keda cluster && spawn venv-airflow bash tests/lib/venvs.sh airflow
 any chart && spawn venv-chart bash tests/lib/venvs.sh chart
