@@ -7,8 +7,11 @@ Listens on 127.0.0.1 on a free port (written to PORT_FILE once listening) and an
 ``GET /api/v2/dags/~/dagRuns/~/taskInstances?queue=Q&state=S&limit=L&offset=O`` with a page of at
 most 100 task instances (Airflow's default ``maximum_page_limit``) and ``total_entries``. Each
 queue holds a stable number of task instances in each state, derived from the queue and state
-(below 50, so one page lists a queue's queued and running ones). It counts the requests it
-served and reports the total at ``GET /requests``.
+(below 50, so one page lists a queue's queued and running ones). Every other path of Airflow's
+API it answers 404. It counts what it was asked and reports it at ``GET /requests``:
+``backlog_lists`` (listings of queued and running task instances), ``held_counts`` (counts of
+``scheduled`` ones, the tasks Airflow holds back) and ``other`` (the rest: executor callbacks,
+the Edge worker list, ...).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from urllib.parse import parse_qs, urlparse
 
 PATH = "/api/v2/dags/~/dagRuns/~/taskInstances"
 PAGE_LIMIT = 100
-served = 0
+served = {"backlog_lists": 0, "held_counts": 0, "other": 0}
 lock = threading.Lock()
 
 
@@ -47,17 +50,18 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        global served
         url = urlparse(self.path)
         if url.path == "/requests":
-            return self._send(200, {"requests": served})
+            with lock:
+                return self._send(200, dict(served))
+        q = parse_qs(url.query)
+        kind = "other" if url.path != PATH else "held_counts" if q.get("state") == ["scheduled"] else "backlog_lists"
+        with lock:
+            served[kind] += 1
         if url.path != PATH:
             return self._send(404, {"detail": "Not Found"})
         if not self.headers.get("Authorization", "").startswith("Bearer "):
             return self._send(401, {"detail": "Not authenticated"})
-        q = parse_qs(url.query)
-        with lock:
-            served += 1
         queue = q.get("queue", [""])[0]
         listed = [
             {"id": f"{queue}/{state}/{i}", "state": state, "pool_slots": 1, "hostname": None,
