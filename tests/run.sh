@@ -83,9 +83,9 @@ timed() {
 # On purpose not niced: the kernel's autogroups (sched_autogroup_enabled) share the CPU equally
 # between sessions whatever their processes' nice values, so each background session gets as
 # much CPU as the stages. Measured on a fresh machine: with each session's autogroup niced to
-# 19, the Rust stage took 25.5 min instead of about 32, but the Go builds it starved then ran
-# under the e2e stage (12.5 min instead of 9) and held the KEDA stage (its test binary 16 min
-# instead of a few): more than the gain. All of that work needs the CPU; what pays is less of it.
+# 19, the Rust stage took 21.5 min instead of 32.5, but the Go builds it starved then ran under
+# the e2e stage (12.8 min instead of 8.9) and held the KEDA stage (19.3 min instead of 3.8, its
+# Go test binary alone 977 s): more than the gain. All that work needs the CPU; what pays is less.
 background_pid=
 in_background() {
   local log="$1"

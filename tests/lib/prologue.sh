@@ -5,8 +5,8 @@
 #
 # Installs the missing system packages (prerequisites.sh, plus each TOOL it knows), builds the
 # workspace's release binaries (cargo_release_build) into the cached cargo target folder unless
-# for each CRATE ASTRO_<CRATE>_BIN
-# (astro-agent: ASTRO_AGENT_BIN) already names one, and exports those variables. Then gets the
+# each CRATE's ASTRO_<CRATE>_BIN (astro-agent: ASTRO_AGENT_BIN) already names one, and exports
+# those variables. Then gets the
 # cached tools venv and leaves its interpreter in $python; with --airflow the airflow venv too,
 # so that its one-time build happens here and not in the middle of a timed run. Last, puts
 # tests/lib on PYTHONPATH: the drivers import the harness package from there (pytest.ini does
