@@ -11,7 +11,8 @@ The scenarios run side by side (pytest-xdist), each in its own namespace and rel
 fixtures start their own. Each test file runs in one process, in the order of ``FIRST`` (the
 longest first) and then by name; files that share cluster-wide state run in one process, one
 after the other (``TOGETHER``). Scenarios marked ``alone`` (they stop the API server or KEDA,
-which every scenario shares) run after all the others, one after another (``run.sh``).
+which every scenario shares) run one after another beside the others, in a namespace of their
+own with infrastructure of their own (``run.sh``, ``group.sh``).
 
 Session fixtures (in ``infra/stage.py``), each stopped by PID at the end (also on failure) by
 whoever started it:
@@ -23,7 +24,7 @@ whoever started it:
 * ``airflow``: a real Airflow 3 on PostgreSQL, its api-server on 10.200.0.1 so pods reach it,
   with this stage's DAGs;
 * ``release_factory``: ``release_factory(name, namespace) -> HelmRelease``; every release it
-  made is uninstalled at the end.
+  made is uninstalled when the test file that made it ends.
 
 A run on the shared infrastructure ends with a stage-wide check (``pytest_sessionfinish``,
 ``infra/idle_pools.py``): KEDA never read a backlog above 0 for a queue on which no task was
@@ -48,8 +49,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 # Test files that run first, longest first: the stage lasts as long as its longest process.
-FIRST = ("test_keda_scaling.py", "test_hpa_path.py", "test_scale_in_idle_first.py", "test_pool_alerts.py",
-         "test_chaos_upgrade.py", "test_chaos_drain.py", "test_chaos_slow_airflow.py")
+FIRST = ("test_hpa_path.py", "test_keda_scaling.py", "test_pre_warm.py", "test_scale_in_idle_first.py",
+         "test_pool_alerts.py", "test_chaos_upgrade.py", "test_chaos_slow_airflow.py", "test_chaos_drain.py")
 # Test files that share cluster-wide state, by the name of what they share: the HPA path's stacks
 # register the one custom.metrics.k8s.io APIService.
 TOGETHER = {"test_hpa_path.py": "custom-metrics-apiservice", "test_hpa_stack.py": "custom-metrics-apiservice"}
@@ -69,8 +70,8 @@ STATE = os.environ.get("ASTRO_CLUSTER_STATE")
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "alone: breaks what every scenario shares (the API server, KEDA); run.sh runs these after "
-                   "the others, one after another")
+        "markers", "alone: breaks what every scenario shares (the API server, KEDA); run.sh runs these one after "
+                   "another, beside the others, on infrastructure of their own")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -200,10 +201,13 @@ def airflow():
 POD_SECURITY = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def release_factory(control_plane, cluster, keda):
-    # Depends on KEDA so that releases are uninstalled while KEDA's operator still runs: it
-    # removes the finalizers it put on their ScaledObjects.
+    # Per test file: a file's releases are uninstalled when it ends, so that the Sentinels and
+    # agents of finished scenarios stop polling the Airflow every scenario shares (left running
+    # until the session's end, ten of them held its api-server busy). Depends on KEDA so that
+    # releases are uninstalled while KEDA's operator still runs: it removes the finalizers it put
+    # on their ScaledObjects.
     made: list[HelmRelease] = []
 
     def make(name: str, namespace: str) -> HelmRelease:
