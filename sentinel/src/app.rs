@@ -365,6 +365,10 @@ pub async fn start_with(
     metrics.config_generation.set(1);
     let (state, state_rx) = watch::channel(current.state.clone());
     if let Some(path) = history_path {
+        // Said before /metrics serves: the writer task may first run after the first scrape.
+        metrics
+            .history_file_owner
+            .set(i64::from(history_lock.is_some()));
         let configured = state_rx.clone();
         tasks.spawn(file_lock::write_when_free(
             history,
