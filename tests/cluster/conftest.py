@@ -11,7 +11,7 @@ The scenarios run side by side (pytest-xdist), each in its own namespace and rel
 fixtures start their own. Each test file runs in one process, in the order of ``FIRST`` (the
 longest first) and then by name; files that share cluster-wide state run in one process, one
 after the other (``TOGETHER``). Scenarios marked ``alone`` (they stop the API server or KEDA,
-which every scenario shares) run one after another beside the others, in a namespace of their
+which every scenario shares) run one after another after the others, in a namespace of their
 own with infrastructure of their own (``run.sh``, ``group.sh``).
 
 Session fixtures (in ``infra/stage.py``), each stopped by PID at the end (also on failure) by
@@ -71,7 +71,7 @@ STATE = os.environ.get("ASTRO_CLUSTER_STATE")
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "alone: breaks what every scenario shares (the API server, KEDA); run.sh runs these one after "
-                   "another, beside the others, on infrastructure of their own")
+                   "another, after the others, on infrastructure of their own")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,9 +8,7 @@
 #                                           the API server, KEDA), one after another in one pytest
 #                                           process, which starts its own infrastructure
 #
-# Exits with pytest's code (5: the files asked for have no scenario of that group). The alone
-# group's pytest is exec'd, so that run.sh can interrupt it (SIGINT: it then stops what its
-# fixtures started).
+# Exits with pytest's code (5: the files asked for have no scenario of that group).
 set -euo pipefail
 group="$1" python="$2"
 shift 2

@@ -10,11 +10,12 @@
 # prometheus-adapter (build.sh), helm (tests/chart/helm.sh), the venvs (tests/lib/venvs.sh) and,
 # unless ASTRO_AGENT_BIN / ASTRO_SENTINEL_BIN name them, the two binaries.
 #
-# The scenarios run side by side in two groups, each in a private network and mount namespace
-# of its own (unshare; in_namespace below) with infrastructure of its own: those marked `alone`
-# (chaos on the API server and KEDA, which every scenario of a group shares) one after another,
-# the others in parallel pytest processes. Pods get their own network namespaces, joined to their
-# group's by veth pairs. Nothing listens outside the namespaces, and it all disappears with them.
+# The scenarios run in two groups, each in a private network and mount namespace of its own
+# (unshare; in_namespace below) with infrastructure of its own: the others side by side in
+# parallel pytest processes, then those marked `alone` (chaos on the API server and KEDA, which
+# every scenario of a group shares) one after another. Pods get their own network namespaces,
+# joined to their group's by veth pairs. Nothing listens outside the namespaces, and it all
+# disappears with them.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -51,13 +52,7 @@ export ASTRO_CLUSTER_BIN ASTRO_HELM ASTRO_AGENT_BIN ASTRO_SENTINEL_BIN
 work="$(mktemp -d /var/tmp/astro-cluster.XXXXXX)"
 # Traversable by others (not listable): PostgreSQL runs as its own user below it.
 chmod 0711 "$work"
-alone_pid=
-finish() {
-  # SIGINT: pytest then stops what its fixtures started.
-  [ -z "$alone_pid" ] || { kill -INT "$alone_pid" 2>/dev/null; wait "$alone_pid" 2>/dev/null || true; }
-  rm -rf "$work"
-}
-trap finish EXIT
+trap 'rm -rf "$work"' EXIT
 
 # in_namespace WORK COMMAND...: runs COMMAND (exec'd, so its PID is the caller's) in a private
 # network and mount namespace of its own: its `lo` carries 10.200.0.1, where the API server and
@@ -87,29 +82,22 @@ pytest_args=(-p no:cacheprovider -v -rA "${@:-tests/cluster}")
 cd "$root"
 # ASTRO_CLUSTER_PROCESSES=0: every scenario one after another in one pytest process, which starts
 # its own infrastructure.
-export ASTRO_CLUSTER_PROCESSES="${ASTRO_CLUSTER_PROCESSES:-3}"
+export ASTRO_CLUSTER_PROCESSES="${ASTRO_CLUSTER_PROCESSES:-2}"
 if [ "$ASTRO_CLUSTER_PROCESSES" -eq 0 ]; then
   (in_namespace "$work/all" "$tools/bin/python" -m pytest "${pytest_args[@]}")
   exit
 fi
-# Otherwise two groups of scenarios run side by side, each in a namespace of its own, with
-# infrastructure (control plane, Nodes, KEDA, Airflow) of its own (group.sh says how):
-# * those marked `alone` (chaos on the API server and KEDA, which every scenario of a group
-#   shares), one after another, in the background;
-# * the others in ${ASTRO_CLUSTER_PROCESSES} pytest processes (pytest-xdist). Three, on two cores:
-#   the scenarios mostly wait (on schedules, cool-downs, tasks' sleeps); measured with two, the
-#   machine was busy 60% of the time.
-(in_namespace "$work/alone" bash "$here/group.sh" alone "$tools/bin/python" "${pytest_args[@]}") \
-  >"$work/alone.log" 2>&1 &
-alone_pid=$!
+# Otherwise two groups of scenarios, one after the other, each in a namespace of its own with
+# infrastructure (control plane, Nodes, KEDA, Airflow) of its own (group.sh says how): the
+# scenarios not marked `alone` in ${ASTRO_CLUSTER_PROCESSES} pytest processes (pytest-xdist), then
+# those marked `alone` (chaos on the API server and KEDA, which every scenario of a group shares).
+# Two processes, and the groups one after the other, on two cores: with three and the chaos group
+# beside them, a warm run took 13 min instead of 22 (machine busy 91%), but a run after a fresh
+# machine's builds went to a load average of 30 and a scenario failed.
 status=0
 (in_namespace "$work/shared" bash "$here/group.sh" shared "$tools/bin/python" "${pytest_args[@]}") || status=$?
 alone_status=0
-wait "$alone_pid" || alone_status=$?
-alone_pid=
-echo
-echo "==> the scenarios marked alone (run beside the others, on infrastructure of their own)"
-cat "$work/alone.log"
+(in_namespace "$work/alone" bash "$here/group.sh" alone "$tools/bin/python" "${pytest_args[@]}") || alone_status=$?
 # pytest's 5: the files asked for hold no scenario of that group.
 for code in "$status" "$alone_status"; do
   [ "$code" -eq 0 ] || [ "$code" -eq 5 ] || exit "$code"
