@@ -10,12 +10,14 @@
 # prometheus-adapter (build.sh), helm (tests/chart/helm.sh), the venvs (tests/lib/venvs.sh) and,
 # unless ASTRO_AGENT_BIN / ASTRO_SENTINEL_BIN name them, the two binaries.
 #
-# The scenarios run in two groups, each in a private network and mount namespace of its own
-# (unshare; in_namespace below) with infrastructure of its own: the others side by side in
-# parallel pytest processes, then those marked `alone` (chaos on the API server and KEDA, which
-# every scenario of a group shares) one after another. Pods get their own network namespaces,
-# joined to their group's by veth pairs. Nothing listens outside the namespaces, and it all
-# disappears with them.
+# The scenarios run side by side; those marked `alone` (chaos on the API server and KEDA, which
+# every scenario shares) run afterwards, one after another, on the same infrastructure.
+#
+# Everything runs in a private network and mount namespace (unshare): its `lo` carries
+# 10.200.0.1, where the API server and every server the cluster routes to listen (the API server
+# refuses loopback addresses in Endpoints); pods get their own network namespaces, joined to it
+# by veth pairs; a hosts file bind-mounted over /etc/hosts inside stands in for cluster DNS.
+# Nothing listens outside the namespace, and it all disappears with it.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -53,52 +55,50 @@ work="$(mktemp -d /var/tmp/astro-cluster.XXXXXX)"
 # Traversable by others (not listable): PostgreSQL runs as its own user below it.
 chmod 0711 "$work"
 trap 'rm -rf "$work"' EXIT
+export ASTRO_CLUSTER_WORK="$work"
 
-# in_namespace WORK COMMAND...: runs COMMAND (exec'd, so its PID is the caller's) in a private
-# network and mount namespace of its own: its `lo` carries 10.200.0.1, where the API server and
-# every server the cluster routes to listen (the API server refuses loopback addresses in
-# Endpoints); a hosts file bind-mounted over /etc/hosts stands in for cluster DNS; /run/netns, where
-# the stand-in keeps its Pods' network namespaces, is a tmpfs of its own. Nothing listens outside
-# the namespace, and it all disappears with it.
-in_namespace() {
-  local dir="$1"
-  shift
-  mkdir -p "$dir"
-  chmod 0711 "$dir"
-  ASTRO_CLUSTER_WORK="$dir" exec unshare --net --mount --propagation private -- bash -c '
-    set -euo pipefail
-    ip link set lo up
-    ip addr add 10.200.0.1/32 dev lo
-    sysctl -qw net.ipv4.ip_forward=1
-    : > "$ASTRO_CLUSTER_WORK/hosts"
-    mount --bind "$ASTRO_CLUSTER_WORK/hosts" /etc/hosts
-    mkdir -p /run/netns
-    mount -t tmpfs -o mode=0755 pod-netns /run/netns
-    export TMPDIR="$ASTRO_CLUSTER_WORK"
-    exec "$@"' in-namespace "$@"
-}
-
-pytest_args=(-p no:cacheprovider -v -rA "${@:-tests/cluster}")
-cd "$root"
-# ASTRO_CLUSTER_PROCESSES=0: every scenario one after another in one pytest process, which starts
-# its own infrastructure.
+# The scenarios run side by side in ${ASTRO_CLUSTER_PROCESSES:-2} pytest processes (pytest-xdist),
+# each in its own namespace and release, on infrastructure (control plane, Nodes, KEDA, Airflow)
+# that infra/driver.py starts once and stops at the end; 0 runs them one after another in one
+# pytest process that starts its own. Two, on two cores: with three, Airflow's api-server (one for
+# every scenario) answered the workers and the Sentinels too slowly under a loaded machine.
 export ASTRO_CLUSTER_PROCESSES="${ASTRO_CLUSTER_PROCESSES:-2}"
-if [ "$ASTRO_CLUSTER_PROCESSES" -eq 0 ]; then
-  (in_namespace "$work/all" "$tools/bin/python" -m pytest "${pytest_args[@]}")
-  exit
-fi
-# Otherwise two groups of scenarios, one after the other, each in a namespace of its own with
-# infrastructure (control plane, Nodes, KEDA, Airflow) of its own (group.sh says how): the
-# scenarios not marked `alone` in ${ASTRO_CLUSTER_PROCESSES} pytest processes (pytest-xdist), then
-# those marked `alone` (chaos on the API server and KEDA, which every scenario of a group shares).
-# Two processes, and the groups one after the other, on two cores: with three and the chaos group
-# beside them, a warm run took 13 min instead of 22 (machine busy 91%), but a run after a fresh
-# machine's builds went to a load average of 30 and a scenario failed.
-status=0
-(in_namespace "$work/shared" bash "$here/group.sh" shared "$tools/bin/python" "${pytest_args[@]}") || status=$?
-alone_status=0
-(in_namespace "$work/alone" bash "$here/group.sh" alone "$tools/bin/python" "${pytest_args[@]}") || alone_status=$?
-# pytest's 5: the files asked for hold no scenario of that group.
-for code in "$status" "$alone_status"; do
-  [ "$code" -eq 0 ] || [ "$code" -eq 5 ] || exit "$code"
-done
+unshare --net --mount --propagation private -- bash -c '
+  set -euo pipefail
+  ip link set lo up
+  ip addr add 10.200.0.1/32 dev lo
+  sysctl -qw net.ipv4.ip_forward=1
+  : > "$ASTRO_CLUSTER_WORK/hosts"
+  mount --bind "$ASTRO_CLUSTER_WORK/hosts" /etc/hosts
+  export TMPDIR="$ASTRO_CLUSTER_WORK"
+  cd "$1"; python="$2"; shift 2
+  if [ "$ASTRO_CLUSTER_PROCESSES" -eq 0 ]; then
+    exec "$python" -m pytest "$@"
+  fi
+  export ASTRO_CLUSTER_STATE="$ASTRO_CLUSTER_WORK/shared.json"
+  log="$ASTRO_CLUSTER_WORK/logs/shared-infrastructure.log"
+  mkdir -p "$(dirname "$log")"
+  started=$SECONDS
+  # The driver prints "ready" once everything is up, and closes its stdout: EOF without it means
+  # it failed (and stopped what it had started).
+  exec 3< <(PYTHONPATH="$PWD/tests/lib:$PWD/tests/cluster" exec "$python" -m infra.driver \
+              --state "$ASTRO_CLUSTER_STATE" 2>"$log")
+  driver=$!
+  trap "kill -TERM $driver 2>/dev/null; wait $driver || true; tail -n 3 \"$log\"" EXIT
+  ready=""
+  read -r ready <&3 || true
+  exec 3<&-
+  if [ "$ready" != ready ]; then
+    echo "the shared infrastructure did not start; the end of $log:" >&2
+    tail -n 80 "$log" >&2
+    exit 1
+  fi
+  echo "shared infrastructure ready in $((SECONDS - started)) s"
+  # Exit code 5: pytest selected no test (the files asked for have none of that kind).
+  selected() { "$@" || { code=$?; [ "$code" -eq 5 ] || exit "$code"; }; }
+  selected "$python" -m pytest -n "$ASTRO_CLUSTER_PROCESSES" --dist loadfile --no-loadscope-reorder \
+    --durations=30 -m "not alone" "$@"
+  # The chaos scenarios that stop what every scenario shares (the API server, KEDA) come last,
+  # alone, one after another, on the same infrastructure.
+  selected "$python" -m pytest --durations=30 -m alone "$@"
+' cluster-stage "$root" "$tools/bin/python" -p no:cacheprovider -v -rA "${@:-tests/cluster}"

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
 import shutil
 import subprocess
@@ -13,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from standin.api import ApiError
 from standin.common import VOLUME_KINDS_READ_ONLY, log
@@ -99,23 +96,15 @@ class MountPoints:
     """Creates on the host the mount points containers need that the host lacks, and removes them
     when no Pod uses them any more. Containers see the host's filesystem, so a mountPath like
     /etc/app/config needs a directory there (a runtime would create it in the image's root).
+    Only this process's Pods are counted: two stand-ins on one machine must not share mountPaths
+    that the host lacks (removing a mount point detaches it in every mount namespace)."""
 
-    Every stand-in on the machine shares the host's filesystem (the cluster stage runs two groups
-    of scenarios side by side, each with its own stand-in), and removing a mount point detaches it
-    in every mount namespace: so who uses which created mount point is kept in one registry for the
-    machine (``REGISTRY``, a JSON file changed under an exclusive lock), its users named by the
-    stand-in's PID and the Pod. A path is removed when its last user, of any stand-in, releases
-    it; the claims of a stand-in that died are dropped at the next change."""
-
-    REGISTRY = Path("/run/astro-standin/mount-points.json")
-
-    def __init__(self, registry: Path = REGISTRY) -> None:
-        self._registry = registry
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._users: dict[Path, set[str]] = {}
 
     def acquire(self, owner: str, target: Path, is_file: bool) -> None:
-        with self._changing() as users:
+        with self._lock:
             missing: list[Path] = []
             path = target
             while not os.path.lexists(path):
@@ -126,59 +115,24 @@ class MountPoints:
                     path.touch()
                 else:
                     path.mkdir()
-                users[str(path)] = set()
+                self._users[path] = set()
             for path in [target, *target.parents]:
-                if str(path) in users:
-                    users[str(path)].add(f"{self._pid}:{owner}")
+                if path in self._users:
+                    self._users[path].add(owner)
 
     def release(self, owner: str | None = None) -> None:
-        """Drop one owner's claims (all of this stand-in's when ``owner`` is None); remove what
-        is unused."""
-        mine = f"{self._pid}:"
-        with self._changing() as users:
-            for name in sorted(users, key=lambda p: -len(Path(p).parts)):
-                claims = users[name]
-                claims -= {c for c in claims if (c == f"{mine}{owner}" if owner else c.startswith(mine))}
-                if claims:
+        """Drop one owner's claims (all claims when ``owner`` is None); remove what is unused."""
+        with self._lock:
+            for path in sorted(self._users, key=lambda p: -len(p.parts)):
+                users = self._users[path]
+                users.discard(owner) if owner else users.clear()
+                if users:
                     continue
-                del users[name]
-                path = Path(name)
+                del self._users[path]
                 try:
                     path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
-                except FileNotFoundError:
-                    pass
                 except OSError as e:
                     log.warning("could not remove mount point %s: %s", path, e)
-
-    @contextlib.contextmanager
-    def _changing(self) -> Iterator[dict[str, set[str]]]:
-        """The registry's users by path, under the machine-wide lock, written back on exit;
-        claims of stand-ins no longer running are dropped."""
-        self._registry.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock, open(self._registry.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                stored = json.loads(self._registry.read_text())
-            except FileNotFoundError:
-                stored = {}
-            users = {path: {c for c in claims if _running(int(c.split(":", 1)[0]))} for path, claims in stored.items()}
-            yield users
-            if not users:
-                self._registry.unlink(missing_ok=True)  # the empty lock file stays: others may hold it
-                return
-            tmp = self._registry.with_suffix(f".{self._pid}.tmp")
-            tmp.write_text(json.dumps({path: sorted(claims) for path, claims in users.items()}))
-            os.replace(tmp, self._registry)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def write_atomically(target: Path, payload: dict[str, tuple[bytes, int]]) -> bool:
