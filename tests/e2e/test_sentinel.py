@@ -382,7 +382,8 @@ def run_scenario(source, airflow, client, trigger_dag, astro_agent, sentinel_bin
         return False
 
     wait_for(drained, 180, "the backlog to fall to 0", interval=0.2,
-             on_timeout=lambda: f"observed {observed[-20:]}; {client.counts_by_state(QUEUE)}")
+             on_timeout=lambda: f"observed {observed[-20:]}; {client.counts_by_state(QUEUE)}; "
+                                f"the agent's log (end):\n{worker.log()}")
     print(f"{source}: backlog while the worker ran: {sorted(set(observed), reverse=True)}")
     assert client.count(QUEUE, ["queued", "running"]) == 0
     # Outside Kubernetes the history's Running line is Airflow's count of online Edge workers
