@@ -78,7 +78,7 @@ pub async fn run(
                 .collect(),
         };
         let link = match &config.task_host_socket {
-            Some(path) => Link::Socket(path.clone()),
+            Some(socket) => Link::Socket(socket.clone()),
             None => Link::Child {
                 program: std::env::current_exe()
                     .context("finding the agent's own binary to start the task host")?,

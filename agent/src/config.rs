@@ -4,6 +4,7 @@
 use crate::admin_server::AdminConnections;
 use crate::stop_budget::StopBudget;
 use crate::task_env::EnvPattern;
+use crate::task_host_socket::TaskHostSocket;
 use airflow::rest_api::{CredentialNames, RestCredentials};
 use airflow::secret_file::{value_or_file, SecretError};
 use clap::{ArgGroup, Parser};
@@ -121,10 +122,10 @@ pub struct Flags {
     )]
     pub python: PathBuf,
 
-    /// Drive the task host listening on this Unix socket (the tasks container of a worker
-    /// Pod) [default: start one as a child]
-    #[arg(long, env = "ASTRO_AGENT_TASK_HOST_SOCKET", value_name = "PATH")]
-    pub task_host_socket: Option<PathBuf>,
+    /// Drive the task host listening on this abstract Unix socket name (the tasks container of
+    /// a worker Pod, in the Pod's network namespace) [default: start one as a child]
+    #[arg(long, env = "ASTRO_AGENT_TASK_HOST_SOCKET", value_name = "@NAME")]
+    pub task_host_socket: Option<TaskHostSocket>,
 
     /// Airflow's base log folder: tasks write their logs below it
     #[arg(
@@ -313,7 +314,7 @@ pub struct Config {
     pub idle_fetch_interval: Duration,
     pub execution_api_url: Url,
     pub python: PathBuf,
-    pub task_host_socket: Option<PathBuf>,
+    pub task_host_socket: Option<TaskHostSocket>,
     pub log_folder: PathBuf,
     pub airflow_version: Option<String>,
     pub edge_provider_version: Option<String>,

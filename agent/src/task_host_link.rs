@@ -1,10 +1,11 @@
-//! Reaching the task host: connect to its socket (a worker Pod's tasks container), or start it
-//! as a child on a socket pair (anywhere else); then hello and its welcome.
+//! Reaching the task host: connect to its abstract socket name (a worker Pod's tasks container),
+//! or start it as a child on a socket pair (anywhere else); then hello and its welcome.
 
 use crate::frames::{self, Reader, Writer};
 use crate::task_host_protocol::{
     DetectedVersions, FromHost, HostedTask, TaskSettings, ToHost, PROTOCOL,
 };
+use crate::task_host_socket::TaskHostSocket;
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ const WELCOME_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub enum Link {
     /// A task host listening in another container.
-    Socket(PathBuf),
+    Socket(TaskHostSocket),
     /// Start `program task-host` with `env`, its whole environment.
     Child {
         program: PathBuf,
@@ -41,14 +42,14 @@ pub struct Connection {
 impl Link {
     pub fn describe(&self) -> String {
         match self {
-            Link::Socket(path) => format!("the task host at {}", path.display()),
+            Link::Socket(socket) => format!("the task host at {socket}"),
             Link::Child { .. } => "the task host the agent starts".to_string(),
         }
     }
 
     pub async fn connect(&self, settings: &TaskSettings) -> std::io::Result<Connection> {
         let (stream, child) = match self {
-            Link::Socket(path) => (UnixStream::connect(path).await?, None),
+            Link::Socket(socket) => (socket.connect().await?, None),
             Link::Child {
                 program,
                 env,

@@ -11,8 +11,7 @@ from conftest import CHART, KUBE_VERSION, ROOT, VALID_SCENARIOS, container, effe
 
 AGENT_PORT = 39091
 BIN_DIR = "/opt/astro-agent/bin"
-TASK_HOST_DIR = "/run/astro-agent"
-SOCKET = f"{TASK_HOST_DIR}/task-host.sock"
+SOCKET = "@astro-agent/task-host"
 
 
 def _image(img, default_tag):
@@ -94,10 +93,11 @@ def test_worker_pod_spec(chart, name):
         assert spec["securityContext"]["runAsNonRoot"] is True
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in spec["volumes"]}
-        for path in ("/tmp", w["logFolder"], TASK_HOST_DIR):
+        for path in ("/tmp", w["logFolder"]):
             assert "emptyDir" in volumes[mounts[path]], path
         assert env["ASTRO_AGENT_LOG_FOLDER"]["value"] == w["logFolder"]
-        # The agent runs no task: it drives the task host in the tasks container.
+        # The agent runs no task: it drives the task host in the tasks container, over an
+        # abstract socket (no file in a volume a task could replace).
         assert env["ASTRO_AGENT_TASK_HOST_SOCKET"]["value"] == SOCKET
         assert env["ASTRO_AGENT_PYTHON"]["value"] == w["tasks"]["python"]
         assert env["ASTRO_AGENT_LOG_FORMAT"]["value"] == w["logFormat"]
@@ -172,7 +172,7 @@ def test_disk_is_bounded(chart, name):
         spec = r.get("Deployment", w["deployment"])["spec"]["template"]["spec"]
         extra = {v["name"] for v in w["extraVolumes"]}
         own = [v for v in spec["volumes"] if "emptyDir" in v and v["name"] not in extra]
-        assert {v["name"] for v in own} == {"tmp", "logs", "astro-agent-bin", "task-host", "tasks-tmp"}
+        assert {v["name"] for v in own} == {"tmp", "logs", "astro-agent-bin", "tasks-tmp"}
         sizes = {v["name"]: v["emptyDir"]["sizeLimit"] for v in own}
         limits = w["scratchSizeLimits"]
         assert (sizes["logs"], sizes["tasks-tmp"], sizes["tmp"]) == (limits["logs"], limits["tasksTmp"], limits["agentTmp"])
@@ -246,7 +246,8 @@ def test_logs_are_json_by_default_and_text_per_worker_or_for_the_sentinel(chart,
 def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
     """install-agent copies the binary from the agent image into astro-agent-bin; the tasks
     container (a native sidecar) runs it as the task host in the user's Airflow image; the agent
-    reaches the task host over the socket on task-host; both see the logs at logFolder."""
+    reaches the task host over an abstract socket (no file on a shared volume); both see the logs
+    at logFolder."""
     _, workers = effective(name)
     r = chart.render(scenario(name))
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
@@ -257,7 +258,7 @@ def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
         install, tasks = spec["initContainers"]
         (agent,) = spec["containers"]
         volumes = {v["name"]: v for v in spec["volumes"]}
-        for v in ("astro-agent-bin", "task-host", "logs", "tasks-tmp", "tmp"):
+        for v in ("astro-agent-bin", "logs", "tasks-tmp", "tmp"):
             assert set(volumes[v]) == {"name", "emptyDir"} and set(volumes[v]["emptyDir"]) == {"sizeLimit"}, v
 
         # install-agent: the agent image, its restricted security context, small, run to completion.
@@ -283,7 +284,6 @@ def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
         assert tasks["securityContext"] == t["containerSecurityContext"]
         assert tasks["volumeMounts"] == [
             {"name": "astro-agent-bin", "mountPath": BIN_DIR, "readOnly": True},
-            {"name": "task-host", "mountPath": TASK_HOST_DIR},
             {"name": "logs", "mountPath": w["logFolder"]},
             {"name": "tasks-tmp", "mountPath": "/tmp"},
             *t["extraVolumeMounts"],
@@ -291,9 +291,8 @@ def test_worker_pod_is_an_installer_a_tasks_sidecar_and_the_agent(chart, name):
         for m in t["extraVolumeMounts"]:
             assert m["name"] in volumes
 
-        # agent: the socket and the logs on the same volumes as the tasks container's.
+        # agent: the logs on the same volume as the tasks container's; the socket is a name.
         agent_mounts = {m["name"]: m for m in agent["volumeMounts"]}
-        assert agent_mounts["task-host"] == {"name": "task-host", "mountPath": TASK_HOST_DIR}
         assert agent_mounts["logs"] == {"name": "logs", "mountPath": w["logFolder"]}
         assert "astro-agent-bin" not in agent_mounts and "tasks-tmp" not in agent_mounts
         assert "tmp" not in {m["name"] for m in tasks["volumeMounts"]}

@@ -7,8 +7,9 @@ The pod, as the chart lays out a worker (like Buildkite's agent-stack-k8s):
   ``bin`` volume;
 * the **tasks** container: the user's own Airflow image, unmodified (here tasks_image.py's
   stand-in: Python and Airflow, no Edge provider, no astro-agent), whose PID 1 is
-  ``/opt/astro-agent/bin/astro-agent task-host`` from that volume, listening on a Unix socket in
-  the ``socket`` volume;
+  ``/opt/astro-agent/bin/astro-agent task-host`` from that volume, listening on an abstract
+  Unix socket (the chart's ``@astro-agent/task-host``; here one name per pod, since the pods
+  share the host's network namespace);
 * the **agent** container: the FROM-scratch agent image with ``--task-host-socket``, the only
   one with credentials — Airflow's JWT secret in a ``secrets`` volume mounted at
   ``/etc/astro-agent/secrets`` (where the chart mounts it), a variable in its ``env`` and one
@@ -50,7 +51,6 @@ import json
 import os
 import re
 import secrets
-import stat
 import urllib.request
 from pathlib import Path
 
@@ -61,13 +61,12 @@ from harness.procs import free_port, wait_for
 from podman_harness import AGENT_IMAGE, TASKS_IMAGE
 
 DAG = "docker_canary_hunt"
+SQUAT_DAG, AFTER_SQUAT_DAG = "docker_socket_squat", "docker_after_squat"
 TASKS = ("hunt_a", "hunt_b")
 QUEUE = "pod"
 DAGS = Path(__file__).resolve().parent / "dags"
 # Paths inside the pod.
 BIN = "/opt/astro-agent/bin"
-SOCKET_DIR = "/run/astro-agent"
-SOCKET = f"{SOCKET_DIR}/task-host.sock"
 SECRETS = "/etc/astro-agent/secrets"
 LOG_FOLDER = "/opt/airflow/logs"
 DAGS_IN_POD = "/opt/airflow/dags"
@@ -102,7 +101,8 @@ class WorkerPod:
         self.podman, self.stack, self.name = podman, stack, name
         self.port = free_port()
         self.bin = _volume(folder / "bin")
-        self.socket_dir = _volume(folder / "socket")
+        # The pods share the host's network namespace, and so its abstract socket names.
+        self.socket = f"@astro-agent-test/task-host-{name}"
         self.logs = _volume(folder / "logs")
         # The tasks container's own scratch space: nothing a task leaves in /tmp reaches the agent.
         self.tasks_tmp = _volume(folder / "tasks-tmp", 0o2777)
@@ -131,18 +131,16 @@ class WorkerPod:
         p("run", "--rm", "--pod", self.name, "--name", f"{self.name}-install",
           *self.hardened, "--read-only", "-v", f"{self.bin}:{BIN}", AGENT_IMAGE, "install", BIN)
         p("run", "-d", "--pod", self.name, "--name", self.tasks, *self.hardened,
-          "-v", f"{self.bin}:{BIN}:ro", "-v", f"{self.socket_dir}:{SOCKET_DIR}", "-v", f"{self.logs}:{LOG_FOLDER}",
+          "-v", f"{self.bin}:{BIN}:ro", "-v", f"{self.logs}:{LOG_FOLDER}",
           "-v", f"{self.tasks_tmp}:/tmp", "-v", f"{DAGS}:{DAGS_IN_POD}:ro", *self.tasks_env,
           *(["-v", f"{self.secrets}:{SECRETS}:ro"] if self.secrets_in_tasks else []),
-          "--entrypoint", f"{BIN}/astro-agent", TASKS_IMAGE, "task-host", "--socket", SOCKET)
-        socket_file = self.socket_dir / Path(SOCKET).name
-        wait_for(lambda: self.check_running(self.tasks) or (socket_file.exists() and stat.S_ISSOCK(socket_file.stat().st_mode)),
+          "--entrypoint", f"{BIN}/astro-agent", TASKS_IMAGE, "task-host", "--socket", self.socket)
+        wait_for(lambda: self.check_running(self.tasks) or self.socket in listening_abstract_sockets(),
                  60, "the task host's socket", interval=0.25, on_timeout=lambda: self.logs_of(self.tasks))
-        assert stat.S_IMODE(socket_file.stat().st_mode) == 0o660
         # Read-only as in the chart; podman puts a tmpfs on /tmp (the chart's emptyDir), /var/tmp
         # and /run.
         p("run", "-d", "--pod", self.name, "--name", self.agent, *self.hardened, "--read-only",
-          "-v", f"{self.socket_dir}:{SOCKET_DIR}", "-v", f"{self.logs}:{LOG_FOLDER}", "-v", f"{self.secrets}:{SECRETS}:ro",
+          "-v", f"{self.logs}:{LOG_FOLDER}", "-v", f"{self.secrets}:{SECRETS}:ro",
           "--env-file", str(self.env_file), "-e", f"AGENT_ENV_CANARY={self.canaries['env']}",
           "-e", f"ASTRO_AGENT_JWT_SECRET_FILE={SECRETS}/jwt-secret", "-e", "RUST_LOG=info", "-e", "TMPDIR=/tmp",
           AGENT_IMAGE,
@@ -157,7 +155,7 @@ class WorkerPod:
           "--heartbeat-interval", "2s",
           # No versions given: Airflow's comes from the tasks' Python, and the Edge provider's
           # (the tasks image has none) from Airflow's answer to the registration.
-          "--task-host-socket", SOCKET)
+          "--task-host-socket", self.socket)
         wait_for(lambda: self.check_running(self.agent) or self.check_running(self.tasks) or self.ready(),
                  90, f"agent {self.name} to be ready", interval=0.25, on_timeout=self.all_logs)
         return self
@@ -208,6 +206,12 @@ class WorkerPod:
 
     def remove(self) -> None:
         self.podman("pod", "rm", "--force", "--time", "10", self.name, check=False, timeout=120)
+
+
+def listening_abstract_sockets() -> set[str]:
+    """The abstract socket names (``@...``) bound in this network namespace (/proc/net/unix)."""
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return {fields[7] for fields in (line.split() for line in lines) if len(fields) > 7 and fields[7].startswith("@")}
 
 
 def _canaries(airflow: AirflowStack) -> dict[str, str]:
@@ -305,6 +309,46 @@ def test_the_hunt_finds_a_secret_mounted_into_the_tasks_container(podman, agent_
         for task_id in TASKS:
             assert tis[task_id]["state"] == "failed", tis[task_id]
             assert f"canary #0 in {SECRETS}/jwt-secret" in _found_line(logs[task_id]), logs[task_id][-3000:]
+
+
+def test_a_task_cannot_take_the_task_hosts_socket_for_the_next_agent(podman, agent_image, tasks_image, airflow,
+                                                                     tmp_path):
+    """A task that acts (dags/docker_socket_squat.py): it takes the task host's socket and
+    leaves a daemon behind to answer the agent's next connection; the agent container then
+    restarts (as after an OOM kill, a crash or a failed liveness probe). Were the socket a file
+    in a volume the tasks can write, the restarted agent would connect to the daemon and send it
+    every later workload with its Execution API token, and no later task would run. The task
+    host's abstract name cannot be taken: the task is refused, the daemon gets nothing, and the
+    next, ordinary task runs."""
+    pod = WorkerPod(podman, airflow, f"pod-{tmp_path.name}", tmp_path / "pod", "prefork", _canaries(airflow))
+    runs = []
+    try:
+        pod.start()
+        runs.append((SQUAT_DAG, airflow.client.trigger(SQUAT_DAG, conf={"log_folder": LOG_FOLDER})))
+        assert airflow.client.wait_run(*runs[-1], timeout=240) == "success", pod.all_logs()
+        said = airflow.client.task_log_text(*runs[-1], "squat")
+        print(next((line for line in said.splitlines() if "astro-socket-squat:" in line), "(nothing said)"))
+        # The agent container restarts; the kubelet would start it again, podman does here.
+        pod.podman("restart", "--time", "60", pod.agent, timeout=180)
+        wait_for(lambda: pod.check_running(pod.agent) or pod.ready(), 90, "the restarted agent to be ready",
+                 interval=0.25, on_timeout=pod.all_logs)
+        runs.append((AFTER_SQUAT_DAG, airflow.client.trigger(AFTER_SQUAT_DAG)))
+        try:
+            state = airflow.client.wait_run(*runs[-1], timeout=180)
+        except TimeoutError:
+            state = "not finished within 180 s"
+        capture = pod.logs / "squat-capture"
+        captured = capture.read_bytes() if capture.exists() else b""
+        assert captured == b"", f"the squatter received {len(captured)} bytes:\n{captured[:3000]!r}"
+        assert state == "success", pod.all_logs()
+        assert "astro-socket-squat: refused (EADDRINUSE" in said, said[-3000:]
+    finally:
+        for run in runs:
+            try:
+                airflow.abandon_run(*run)
+            except Exception as e:  # keep tearing down
+                print(f"could not clean up {run}: {e}")
+        pod.remove()
 
 
 def _is_agent(argv: list[str]) -> bool:

@@ -1,20 +1,21 @@
 //! The task host's command line.
 
+use crate::task_host_socket::TaskHostSocket;
 use std::os::fd::RawFd;
-use std::path::PathBuf;
 
-/// Runs Airflow tasks for an astro-agent that connects over a Unix socket
+/// Runs Airflow tasks for an astro-agent that connects over an abstract Unix socket
 #[derive(Debug, clap::Parser)]
 #[command(name = "astro-agent task-host", version)]
 pub struct TaskHostFlags {
-    /// Listen on this Unix socket for the agent (in a volume both containers mount)
+    /// Listen for the agent on this abstract Unix socket name, in the network namespace both
+    /// containers of the Pod share (held until this process ends: no task can take it)
     #[arg(
         long,
-        value_name = "PATH",
+        value_name = "@NAME",
         required_unless_present = "fd",
         conflicts_with = "fd"
     )]
-    socket: Option<PathBuf>,
+    socket: Option<TaskHostSocket>,
 
     /// Serve the one agent connected on this inherited descriptor (set by an agent that starts
     /// its task host itself)
@@ -27,14 +28,14 @@ pub struct TaskHostFlags {
 }
 
 pub enum Connection {
-    Socket(PathBuf),
+    Socket(TaskHostSocket),
     Inherited(RawFd),
 }
 
 impl TaskHostFlags {
     pub fn connection(&self) -> Connection {
         match (&self.socket, self.fd) {
-            (Some(path), _) => Connection::Socket(path.clone()),
+            (Some(socket), _) => Connection::Socket(socket.clone()),
             (None, Some(fd)) => Connection::Inherited(fd),
             (None, None) => unreachable!("clap requires one of them"),
         }

@@ -1,8 +1,8 @@
 //! `astro-agent task-host`: runs the tasks, apart from the agent and its credentials.
 //!
 //! In a worker Pod it is PID 1 of the tasks container (the user's own Airflow image, with this
-//! binary copied in by an init container) and listens on a Unix socket in a volume the agent
-//! container mounts too; elsewhere the agent starts it as a child on a socket pair. Either way
+//! binary copied in by an init container) and listens on an abstract Unix socket name in the
+//! network namespace the agent container shares; elsewhere the agent starts it as a child on a socket pair. Either way
 //! it speaks [`crate::task_host_protocol`]: it starts tasks (through the pre-forked launcher,
 //! or fresh interpreters), signals them, reaps every process that ends up its child, and
 //! reports each task's pid, exit status and output tail. It holds no Airflow credential; it is
@@ -65,7 +65,7 @@ async fn run(flags: TaskHostFlags) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt())?;
     let serving = async {
         match flags.connection() {
-            Connection::Socket(path) => listener::serve(host.clone(), &path).await,
+            Connection::Socket(socket) => listener::serve(host.clone(), &socket).await,
             Connection::Inherited(fd) => {
                 // SAFETY: the agent passed this descriptor (one end of a socket pair) and
                 // nothing else in this process uses it.

@@ -1,14 +1,16 @@
 //! The agent and its task host in two "containers": the task host in a PID namespace of its
-//! own, listening on a socket (`astro-agent task-host --socket`), the agent connecting with
-//! `--task-host-socket`; and the failures that shape can have — the agent restarting while a
-//! task runs, the task host dying, a process of the task host's own container connecting.
+//! own, listening on an abstract socket name (`astro-agent task-host --socket @NAME`), the agent
+//! connecting with `--task-host-socket`; and the failures and attacks that shape can have — the
+//! agent restarting while a task runs, the task host dying, a process of the task host's own
+//! container connecting, or binding the name to receive the next agent's connection.
 
 use nix::sys::signal::Signal;
+use std::os::linux::net::SocketAddrExt;
 use std::path::Path;
 use std::time::Duration;
 use test_kit::agent_process::{start_agent, Agent};
 use test_kit::fake_edge_api::{FakeAirflow, State};
-use test_kit::task_host_process::{start_task_host, TaskHostProcess};
+use test_kit::task_host_process::{is_listening, start_task_host, unique_socket};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(30);
@@ -47,32 +49,22 @@ async fn lost_with_reason_then_work_goes_on(agent: &Agent, fake: &FakeAirflow, r
         .await;
 }
 
-async fn agent_on(fake: &FakeAirflow, dir: &Path, socket: &Path) -> Agent {
-    start_agent(fake, dir, &["--task-host-socket", socket.to_str().unwrap()]).await
+async fn agent_on(fake: &FakeAirflow, dir: &Path, socket: &str) -> Agent {
+    start_agent(fake, dir, &["--task-host-socket", socket]).await
 }
 
-/// Waits until the task host listens on `socket`.
-async fn listening(host: &TaskHostProcess, socket: &Path) {
-    for _ in 0..1000 {
-        if socket.exists() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "no socket at {}; task host log:\n{}",
-        socket.display(),
-        host.log()
-    );
+/// The abstract address of `socket` (`@NAME`).
+fn address(socket: &str) -> std::os::unix::net::SocketAddr {
+    std::os::unix::net::SocketAddr::from_abstract_name(socket.trim_start_matches('@')).unwrap()
 }
 
 #[tokio::test]
 async fn tasks_run_in_a_task_host_of_another_pid_namespace() {
     let fake = FakeAirflow::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("run/task-host.sock");
+    let socket = unique_socket();
     let host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    listening(&host, &socket).await;
+    host.listening(&socket).await;
     let agent = agent_on(&fake, dir.path(), &socket).await;
     fake.add_job("ok", 0.2, 0);
     fake.add_job("fails", 0.0, 3);
@@ -92,11 +84,13 @@ async fn tasks_run_in_a_task_host_of_another_pid_namespace() {
 #[tokio::test]
 async fn a_process_of_the_task_hosts_own_namespace_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("task-host.sock");
+    let socket = unique_socket();
     // The same PID namespace as this test: to the task host, the test is one of its tasks.
     let host = start_task_host(&socket, &dir.path().join("host.log"), false);
-    listening(&host, &socket).await;
-    let mut stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    host.listening(&socket).await;
+    let stream = std::os::unix::net::UnixStream::connect_addr(&address(&socket)).unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let mut stream = tokio::net::UnixStream::from_std(stream).unwrap();
     let hello = br#"{"type":"hello","protocol":1,"settings":{"python":"python3","execution_api_url":"http://x/","worker_name":"w","log_folder":"/tmp","mode":"fresh","slots":1,"task_env_allow":[]}}"#;
     let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(hello);
@@ -119,9 +113,9 @@ async fn a_process_of_the_task_hosts_own_namespace_is_refused() {
 async fn a_restarted_agent_takes_over_the_running_task() {
     let fake = FakeAirflow::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("task-host.sock");
+    let socket = unique_socket();
     let host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    listening(&host, &socket).await;
+    host.listening(&socket).await;
     let first = agent_on(&fake, dir.path(), &socket).await;
     fake.add_job("long", 3.0, 0);
     running(&first, &fake, "long").await;
@@ -143,17 +137,58 @@ async fn a_restarted_agent_takes_over_the_running_task() {
     assert!(log.contains("task done"), "{log}");
 }
 
+/// A task's attack on the link (it shares the Pod's network namespace and the task host's
+/// user): take the task host's name, then wait for the agent to restart and connect to it,
+/// to receive every later workload with its token. The name is held: the bind fails, and the
+/// restarted agent reaches the genuine task host.
+#[tokio::test]
+async fn a_task_cannot_take_the_task_hosts_name_for_the_next_agent() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = unique_socket();
+    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
+    host.listening(&socket).await;
+    let first = agent_on(&fake, dir.path(), &socket).await;
+    fake.add_job("long", 3.0, 0);
+    running(&first, &fake, "long").await;
+    let squat = std::os::unix::net::UnixListener::bind_addr(&address(&socket));
+    assert_eq!(
+        squat.as_ref().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::AddrInUse,
+        "a task bound the task host's name"
+    );
+    first.signal(Signal::SIGKILL);
+    drop(first);
+    let second = agent_on(&fake, dir.path(), &socket).await;
+    fake.add_job("next", 0.0, 0);
+    second
+        .until(&fake, "the running job and the next one reported", T, |s| {
+            ended(s, "long", "success") && ended(s, "next", "success")
+        })
+        .await;
+    assert_eq!(
+        host.log().matches("an agent connected").count(),
+        2,
+        "both agents reached the genuine task host: {}",
+        host.log()
+    );
+}
+
 #[tokio::test]
 async fn tasks_of_a_task_host_that_died_are_reported_failed_and_work_goes_on() {
     let fake = FakeAirflow::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("task-host.sock");
+    let socket = unique_socket();
     let mut host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    listening(&host, &socket).await;
+    host.listening(&socket).await;
     let agent = agent_on(&fake, dir.path(), &socket).await;
     fake.add_job("cut", 60.0, 0);
     running(&agent, &fake, "cut").await;
     host.kill().await;
+    // The kernel frees the name when the killed task host's socket closes.
+    while is_listening(&socket) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The Pod restarts the tasks container: a new task host on the same socket.
     let _restarted = start_task_host(&socket, &dir.path().join("host2.log"), true);
     lost_with_reason_then_work_goes_on(&agent, &fake, "the task host no longer knows this task")

@@ -45,7 +45,7 @@ The worker Pod is split in two so that no task can read the agent's credentials:
   Airflow credentials and talks to Airflow;
 * the tasks container runs the user's own Airflow image, unmodified, holding no credential; its
   main process is the agent binary in `task-host` mode, which starts the tasks the agent asks for
-  over a Unix socket on the emptyDir `task-host`.
+  over an abstract Unix socket in the Pod's network namespace (no file a task could replace).
 The binary reaches the Airflow image through the emptyDir `astro-agent-bin`, filled by the first
 init container, so users no longer build an image joining the two.
 */}}
@@ -55,13 +55,14 @@ init container, so users no longer build an image joining the two.
 /opt/astro-agent/bin
 {{- end -}}
 
-{{/* The folder of the task host's socket, mounted in the agent and the tasks container. */}}
-{{- define "astro-agent.taskHostDir" -}}
-/run/astro-agent
-{{- end -}}
-
+{{/*
+The task host's socket: an abstract name, in the network namespace the Pod's containers share.
+The task host binds it before it starts any task and holds it until the tasks container ends, so
+no task can take it over and receive the agent's workloads (a socket file in a shared emptyDir
+could be replaced by any task).
+*/}}
 {{- define "astro-agent.taskHostSocket" -}}
-{{- include "astro-agent.taskHostDir" . -}}/task-host.sock
+@astro-agent/task-host
 {{- end -}}
 
 {{/*
@@ -129,8 +130,6 @@ env or envFrom. (dict "w" $w "ctx" $root)
     - name: astro-agent-bin
       mountPath: {{ include "astro-agent.agentBinDir" . }}
       readOnly: true
-    - name: task-host
-      mountPath: {{ include "astro-agent.taskHostDir" . }}
     # Tasks write their logs here and the agent ships them: the same volume at the same path
     # (the agent's --log-folder) in both containers.
     - name: logs

@@ -11,7 +11,7 @@ Searched, everything the task's user may open:
 * every process it can see in ``/proc``: ``cmdline``, ``environ``, every open file through
   ``fd/*``, and every path named on a command line (``/x`` or ``--flag=/x``), file or folder;
 * every file outside the image's software (``/usr``, the interpreter, the venv, ``/proc``,
-  ``/sys``, ``/dev``): ``/etc``, ``/tmp``, ``/run`` (the socket's volume), ``/opt`` (the
+  ``/sys``, ``/dev``): ``/etc``, ``/tmp``, ``/run``, ``/opt`` (the
   binary's volume, the logs, AIRFLOW_HOME), ``/home``, ``/dev/shm``, and the folder the chart
   mounts the agent's secrets at, ``/etc/astro-agent/secrets``;
 * the other task's files: the two tasks meet (each waits for the other to start) before
