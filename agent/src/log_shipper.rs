@@ -5,12 +5,11 @@
 //! API's limit). Text that could not be sent stays queued for the next push, so an Airflow
 //! outage delays logs but loses none.
 
+use crate::task_log_file::TaskLogFile;
 use airflow::edge_client::EdgeClient;
 use airflow::edge_types::TaskKey;
 use airflow::ApiError;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
 
 /// Largest chunk the Edge API accepts in one push.
 pub const MAX_CHUNK_BYTES: usize = 512 * 1024;
@@ -18,7 +17,9 @@ pub const MAX_CHUNK_BYTES: usize = 512 * 1024;
 const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
 
 pub struct LogShipper {
-    path: Option<PathBuf>,
+    file: Option<TaskLogFile>,
+    /// Whether the agent's log already says why the file cannot be read.
+    refusal_logged: bool,
     offset: u64,
     /// Bytes of an incomplete UTF-8 sequence at the end of the last read.
     partial: Vec<u8>,
@@ -27,10 +28,11 @@ pub struct LogShipper {
 }
 
 impl LogShipper {
-    /// `path` is `None` when the workload names no log file (nothing to tail).
-    pub fn new(path: Option<PathBuf>) -> Self {
+    /// `file` is `None` when the workload names no log file (nothing to tail).
+    pub fn new(file: Option<TaskLogFile>) -> Self {
         LogShipper {
-            path,
+            file,
+            refusal_logged: false,
             offset: 0,
             partial: Vec::new(),
             unsent: String::new(),
@@ -62,15 +64,17 @@ impl LogShipper {
     }
 
     fn read_new(&mut self) {
-        let Some(path) = &self.path else { return };
-        // Not through a symbolic link: the task (same user) could point its log at a file
-        // only the agent should read.
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(path);
-        let Ok(mut file) = opened else {
-            return; // not created yet, or removed by log rotation: try again next time
+        let Some(log) = &self.file else { return };
+        let mut file = match log.open() {
+            Ok(file) => file,
+            // Not created yet, or removed by log rotation: try again next time.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                if !std::mem::replace(&mut self.refusal_logged, true) {
+                    tracing::warn!(log = %log.path().display(), error = %e, "not shipping a task log that is a link, a FIFO or beneath a link (something in the log folder put it there)");
+                }
+                return;
+            }
         };
         let Ok(len) = file.metadata().map(|m| m.len()) else {
             return;
@@ -123,6 +127,7 @@ fn chunk_end(text: &str, max: usize) -> usize {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::path::Path;
 
     #[test]
     fn chunks_respect_the_limit_lines_and_chars() {
@@ -137,7 +142,8 @@ mod tests {
     fn reads_only_new_bytes_and_keeps_split_utf8() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("task.log");
-        let mut shipper = LogShipper::new(Some(path.clone()));
+        let mut shipper =
+            LogShipper::new(Some(TaskLogFile::new(dir.path(), Path::new("task.log"))));
         shipper.read_new(); // file does not exist yet
         assert!(shipper.unsent.is_empty());
 
@@ -155,6 +161,22 @@ mod tests {
             shipper.unsent, "first\né\u{FFFD}x\n",
             "nothing new, nothing added"
         );
+    }
+
+    /// A task plants a link where another task's log folder will be, pointing at the agent's
+    /// secrets: the agent ships nothing of what the link leads to.
+    #[test]
+    fn a_log_beneath_a_planted_link_ships_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (logs, secrets) = (dir.path().join("logs"), dir.path().join("secrets"));
+        std::fs::create_dir_all(secrets.join("run_id=r")).unwrap();
+        std::fs::write(secrets.join("run_id=r/attempt=1.log"), "jwt-secret").unwrap();
+        std::fs::create_dir_all(&logs).unwrap();
+        std::os::unix::fs::symlink(&secrets, logs.join("dag_id=victim")).unwrap();
+        let log = TaskLogFile::new(&logs, Path::new("dag_id=victim/run_id=r/attempt=1.log"));
+        let mut shipper = LogShipper::new(Some(log));
+        shipper.read_new();
+        assert_eq!(shipper.unsent, "", "shipped what the link leads to");
     }
 
     #[test]

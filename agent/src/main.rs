@@ -26,6 +26,7 @@ mod task_host_client;
 mod task_host_link;
 mod task_host_protocol;
 mod task_host_socket;
+mod task_log_file;
 mod task_runner;
 mod versions;
 mod wake;

@@ -15,6 +15,7 @@ use crate::metrics::TaskResult;
 use crate::reporter::{deliver, Delivery};
 use crate::slots::Lease;
 use crate::task_host_client::{Exit, RemoteTask};
+use crate::task_log_file::TaskLogFile;
 use crate::workload;
 use airflow::backoff::Backoff;
 use airflow::edge_types::{EdgeJob, JobState, TaskKey};
@@ -47,7 +48,10 @@ pub async fn run(ctx: Arc<Context>, job: EdgeJob, slots: Lease) {
 async fn refuse(ctx: &Context, job: &EdgeJob, reason: &str) {
     let key = job.key();
     tracing::error!(task = %key, "{reason}: reporting the job failed");
-    let mut shipper = LogShipper::new(job.log_path().map(|p| ctx.config.log_folder.join(p)));
+    let mut shipper = LogShipper::new(
+        job.log_path()
+            .map(|p| TaskLogFile::new(&ctx.config.log_folder, p)),
+    );
     shipper.append_note(&format!(
         "astro-agent on {}: {reason}",
         ctx.config.worker_name
@@ -76,11 +80,14 @@ async fn follow(
     let begun = Instant::now();
     ctx.metrics.tasks_started.inc();
     ctx.heartbeat_now.notify_one();
-    let log_path = job.log_path().map(|p| ctx.config.log_folder.join(p));
-    if log_path.is_none() {
+    let log = job
+        .log_path()
+        .map(|p| TaskLogFile::new(&ctx.config.log_folder, p));
+    if log.is_none() {
         tracing::warn!(task = %key, log_path = ?job.command.get("log_path"), "no usable log_path in the job: its log is not shipped");
     }
-    let mut shipper = LogShipper::new(log_path.clone());
+    let log_path = log.as_ref().map(TaskLogFile::path);
+    let mut shipper = LogShipper::new(log);
     let callback = workload::is_callback(&job.command);
 
     let result = match started {
