@@ -3,6 +3,7 @@
 
 use super::task_process::Exit;
 use super::task_spawner::{SpawnerSettings, TaskSpawner};
+use super::token_redaction::redact_tokens;
 use super::versions_probe;
 use crate::config::LaunchMode;
 use crate::task_env::{self, EnvPattern};
@@ -226,7 +227,8 @@ impl Host {
                 Ok(Exit::Finished(status) | Exit::Killed(status)) => TaskExit {
                     code: status.code(),
                     signal: status.signal(),
-                    output_tail: process.output_tail(OUTPUT_TAIL),
+                    // The agent logs it and ships it into failed tasks' logs.
+                    output_tail: redact_tokens(&process.output_tail(OUTPUT_TAIL)),
                 },
                 Err(e) => TaskExit {
                     code: None,

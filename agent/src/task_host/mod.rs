@@ -19,6 +19,7 @@ mod reaper;
 mod session;
 mod task_process;
 mod task_spawner;
+mod token_redaction;
 mod versions_probe;
 
 use flags::{Connection, TaskHostFlags};
