@@ -109,40 +109,13 @@ async fn a_process_of_the_task_hosts_own_namespace_is_refused() {
     );
 }
 
+/// The agent container restarts while a task runs; the new agent takes the task over. Between
+/// the two, a task attacks the link (it shares the Pod's network namespace and the task host's
+/// user): it binds the task host's name, to receive the next agent's connection and every later
+/// workload with its token. The name is held: the bind fails, and the restarted agent reaches
+/// the genuine task host.
 #[tokio::test]
-async fn a_restarted_agent_takes_over_the_running_task() {
-    let fake = FakeAirflow::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = unique_socket();
-    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    host.listening(&socket).await;
-    let first = agent_on(&fake, dir.path(), &socket).await;
-    fake.add_job("long", 3.0, 0);
-    running(&first, &fake, "long").await;
-    // The agent container restarts: SIGKILL, nothing reported.
-    first.signal(Signal::SIGKILL);
-    drop(first);
-    let second = agent_on(&fake, dir.path(), &socket).await;
-    second
-        .until(&fake, "the job reported by the new agent", T, |s| {
-            ended(s, "long", "success")
-        })
-        .await;
-    assert!(
-        second.log().contains("taking over a task"),
-        "{}",
-        second.log()
-    );
-    let log = fake.with(|s| s.logs.get("long").cloned().unwrap_or_default());
-    assert!(log.contains("task done"), "{log}");
-}
-
-/// A task's attack on the link (it shares the Pod's network namespace and the task host's
-/// user): take the task host's name, then wait for the agent to restart and connect to it,
-/// to receive every later workload with its token. The name is held: the bind fails, and the
-/// restarted agent reaches the genuine task host.
-#[tokio::test]
-async fn a_task_cannot_take_the_task_hosts_name_for_the_next_agent() {
+async fn a_restarted_agent_takes_over_the_running_task_and_no_task_can_take_its_link() {
     let fake = FakeAirflow::start().await;
     let dir = tempfile::tempdir().unwrap();
     let socket = unique_socket();
@@ -157,6 +130,7 @@ async fn a_task_cannot_take_the_task_hosts_name_for_the_next_agent() {
         std::io::ErrorKind::AddrInUse,
         "a task bound the task host's name"
     );
+    // The agent container restarts: SIGKILL, nothing reported.
     first.signal(Signal::SIGKILL);
     drop(first);
     let second = agent_on(&fake, dir.path(), &socket).await;
@@ -166,6 +140,13 @@ async fn a_task_cannot_take_the_task_hosts_name_for_the_next_agent() {
             ended(s, "long", "success") && ended(s, "next", "success")
         })
         .await;
+    assert!(
+        second.log().contains("taking over a task"),
+        "{}",
+        second.log()
+    );
+    let log = fake.with(|s| s.logs.get("long").cloned().unwrap_or_default());
+    assert!(log.contains("task done"), "{log}");
     assert_eq!(
         host.log().matches("an agent connected").count(),
         2,
