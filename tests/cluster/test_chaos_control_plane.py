@@ -196,9 +196,8 @@ class _Burst:
               + "\n".join(f"  {t:6.1f}s  {what}" for t, what in self.events))
 
     def never_at_zero_while_working(self) -> None:
-        first_up = next(i for i, s in enumerate(self.timeline.samples) if s.replicas > 0)
         run_end = next(t for t, what in self.events if what.startswith("run "))
-        assert all(s.replicas > 0 for s in self.timeline.samples[first_up:] if s.t <= run_end), \
+        assert all(s.replicas > 0 for s in self.timeline.while_work_waited(run_end)), \
             "the pool went to 0 replicas while work waited"
 
 

@@ -196,9 +196,8 @@ def test_the_pool_survives_the_sentinel_deleted_and_killed_mid_burst(chaos, clus
     # KEDA felt the outage (its reads failed) and neither scaled on it nor to zero; the HPA kept
     # the pool: from its first worker to the run's end, never 0 replicas.
     assert trigger_errors.seen, "KEDA's ScaledObject never said TriggerError: the outage was not felt"
-    first_up = next(i for i, s in enumerate(timeline.samples) if s.replicas > 0)
     run_end = next(t for t, what in events if what.startswith("run "))
-    during = [s for s in timeline.samples[first_up:] if s.t <= run_end]
+    during = timeline.while_work_waited(run_end)
     assert all(s.replicas > 0 for s in during), "the pool went to 0 replicas while work waited"
     assert any(s.backlog is None for s in during), "the timeline never sampled an outage"
     restarted = {p.metadata.name: p.status.container_statuses[0].restart_count

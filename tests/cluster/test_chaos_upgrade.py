@@ -105,6 +105,5 @@ def test_a_syncslots_upgrade_rolls_busy_workers_and_each_drains(upgrade, cluster
     assert new_pods and {t["hostname"] for t in tis} & new_pods, "no task ran on an upgraded worker"
     assert _hpa_target(cluster) == "3", "KEDA's HPA still divides the backlog by the old syncSlots"
 
-    first_up = next(i for i, s in enumerate(timeline.samples) if s.replicas > 0)
-    during = [s for s in timeline.samples[first_up:] if s.t <= run_end]
+    during = timeline.while_work_waited(run_end)
     assert all(s.replicas > 0 for s in during), "the pool went to 0 replicas while work waited"

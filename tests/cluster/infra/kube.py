@@ -291,6 +291,13 @@ class ReplicaTimeline(threading.Thread):
                 last = row
         return "\n".join(lines)
 
+    def while_work_waited(self, until: float) -> list[Sample]:
+        """The samples from the first worker up while a backlog was read, to ``until`` (the
+        run's end). A Pod left from the install, sampled before the backlog appeared and then
+        scaled away by KEDA, is no drop while work waited."""
+        first_up = next(i for i, s in enumerate(self.samples) if s.backlog and s.replicas > 0)
+        return [s for s in self.samples[first_up:] if s.t <= until]
+
     def replica_steps(self) -> list[int]:
         """Every ``spec.replicas`` value the Deployment took, in order (from the watch)."""
         return list(self.scale.values)
