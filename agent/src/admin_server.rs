@@ -38,6 +38,9 @@ pub async fn serve(
         max_connections: connections.max,
         max_connections_per_peer: connections.per_peer,
         reserved_connections: connections.reserved,
+        // The tasks share the Pod's network namespace: from however many loopback addresses
+        // they connect, they are one peer, and the probe keeps its slot.
+        one_peer_for_this_host: true,
         ..http_server::Limits::default()
     };
     let handler = move |req: Request<Incoming>| {

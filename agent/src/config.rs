@@ -83,7 +83,8 @@ pub struct Flags {
           default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub admin_max_connections: u16,
 
-    /// Of those, how many one client address may hold, so that one cannot take them all
+    /// Of those, how many one client address may hold, so that one cannot take them all (the
+    /// Pod itself, from any loopback address or its own, is one client)
     #[arg(long, env = "ASTRO_AGENT_ADMIN_MAX_CONNECTIONS_PER_PEER", value_name = "N",
           default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub admin_max_connections_per_peer: u16,

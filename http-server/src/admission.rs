@@ -8,9 +8,15 @@
 //! their caps together leave room for a probe. A flood beats both only from more addresses than
 //! the reserve has slots, each one holding a connection; what may connect at all is the job of
 //! a network policy.
+//!
+//! A server that shares its network namespace with code it does not trust (the agent's, with
+//! its tasks) counts every connection from its own host -- any loopback address, or the very
+//! address it arrives at -- as one peer ([`one_peer_for_this_host`]): every `127.x` address is
+//! a process's for the asking, so counted apart they would let a task hold every slot from as
+//! many addresses as it likes, and fail the container's liveness probe at will.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -113,6 +119,17 @@ impl Admission {
     }
 }
 
+/// The peer to [`Admission::admit`] a connection from `peer` that arrived at `local` as:
+/// [`Ipv4Addr::LOCALHOST`] for every connection from this host, else `peer`.
+pub fn one_peer_for_this_host(peer: IpAddr, local: IpAddr) -> IpAddr {
+    let peer = peer.to_canonical();
+    if peer.is_loopback() || peer == local.to_canonical() {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        peer
+    }
+}
+
 /// The map stays consistent whatever panicked while holding it: each update is one statement.
 fn lock(map: &Mutex<HashMap<IpAddr, usize>>) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
     map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -122,8 +139,11 @@ fn lock(map: &Mutex<HashMap<IpAddr, usize>>) -> std::sync::MutexGuard<'_, HashMa
 mod tests {
     use super::*;
 
+    /// Where the tests' connections arrive: the Pod's address, as the kubelet reaches it.
+    const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 1, 0, 1));
+
     fn ip(last: u8) -> IpAddr {
-        IpAddr::from([127, 0, 0, last])
+        IpAddr::from([10, 2, 0, last])
     }
 
     #[test]
@@ -154,7 +174,30 @@ mod tests {
     fn an_ipv4_mapped_address_is_the_same_peer() {
         let admission = Admission::new(8, 1, 0);
         let _v4 = admission.admit(ip(2)).unwrap();
-        let mapped = IpAddr::V6(std::net::Ipv4Addr::new(127, 0, 0, 2).to_ipv6_mapped());
+        let mapped = IpAddr::V6(Ipv4Addr::new(10, 2, 0, 2).to_ipv6_mapped());
         assert_eq!(admission.admit(mapped).err(), Some(Refusal::PeerLimit));
+    }
+
+    #[test]
+    fn every_address_of_this_host_is_one_peer() {
+        let here = |peer| one_peer_for_this_host(peer, LOCAL);
+        let admission = Admission::new(8, 2, 0);
+        let _held = [
+            admission.admit(here(IpAddr::from([127, 0, 0, 2]))).unwrap(),
+            admission.admit(here(IpAddr::from([127, 9, 9, 9]))).unwrap(),
+        ];
+        for from_here in [
+            IpAddr::from([127, 0, 0, 3]),
+            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            IpAddr::V6(Ipv4Addr::new(127, 0, 0, 4).to_ipv6_mapped()),
+            LOCAL,
+        ] {
+            assert_eq!(
+                admission.admit(here(from_here)).err(),
+                Some(Refusal::PeerLimit),
+                "{from_here}"
+            );
+        }
+        assert!(admission.admit(here(ip(2))).is_ok());
     }
 }

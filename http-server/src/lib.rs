@@ -7,7 +7,9 @@
 //!   descriptors for the binary's real work. One peer address holds at most
 //!   [`Limits::max_connections_per_peer`] of them, and the last [`Limits::reserved_connections`]
 //!   free slots go only to addresses holding none, so that one client (or a few) flooding the
-//!   port cannot starve another, such as the kubelet's liveness probe (see `admission`).
+//!   port cannot starve another, such as the kubelet's liveness probe; where the server asks,
+//!   its own host counts as one peer, whatever loopback address it comes from (see
+//!   `admission`).
 //! * `accept` errors (out of file descriptors, most often) back off from
 //!   [`ACCEPT_BACKOFF_MIN`] to [`ACCEPT_BACKOFF_MAX`]: the pending connection stays in the
 //!   backlog, so retrying at once would spin.
@@ -38,6 +40,7 @@ use log_throttle::LogThrottle;
 pub use readiness::Readiness;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +58,9 @@ pub struct Limits {
     pub max_connections_per_peer: usize,
     /// Free slots that only an address holding no connection may take.
     pub reserved_connections: usize,
+    /// Every connection from this host (any loopback address, or the address it arrives at) is
+    /// one peer: for a server whose network namespace holds code it does not trust.
+    pub one_peer_for_this_host: bool,
     pub header_read_timeout: Duration,
     /// hyper's read buffer, which bounds the request line plus headers (8 KiB is its minimum).
     pub max_header_bytes: usize,
@@ -71,6 +77,7 @@ impl Default for Limits {
             // can share one address (a proxy, a node's SNAT), and only the server knows its own.
             max_connections_per_peer: 1024,
             reserved_connections: 0,
+            one_peer_for_this_host: false,
             header_read_timeout: Duration::from_secs(5),
             max_header_bytes: 16 * 1024,
             write_stall_timeout: Duration::from_secs(10),
@@ -134,7 +141,7 @@ pub async fn serve<H, F, B>(
             },
             _ = &mut shutdown => break,
         };
-        let ticket = match admission.admit(peer.ip()) {
+        let ticket = match admission.admit(peer_of(&stream, peer, &limits)) {
             Ok(ticket) => ticket,
             Err(refusal) => {
                 if let Some(left_out) = refusals.ready() {
@@ -184,7 +191,17 @@ pub async fn serve<H, F, B>(
     }
 }
 
-fn log_end(peer: std::net::SocketAddr, ended: hyper::Result<()>) {
+/// Whose share a connection from `peer` takes (see [`Limits::one_peer_for_this_host`]).
+fn peer_of(stream: &tokio::net::TcpStream, peer: SocketAddr, limits: &Limits) -> IpAddr {
+    match stream.local_addr() {
+        Ok(local) if limits.one_peer_for_this_host => {
+            admission::one_peer_for_this_host(peer.ip(), local.ip())
+        }
+        _ => peer.ip(),
+    }
+}
+
+fn log_end(peer: SocketAddr, ended: hyper::Result<()>) {
     if let Err(e) = ended {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
