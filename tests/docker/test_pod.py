@@ -62,6 +62,7 @@ from podman_harness import AGENT_IMAGE, TASKS_IMAGE
 
 DAG = "docker_canary_hunt"
 SQUAT_DAG, AFTER_SQUAT_DAG = "docker_socket_squat", "docker_after_squat"
+SIGNAL_DAG = "docker_signal_pid1"
 TASKS = ("hunt_a", "hunt_b")
 QUEUE = "pod"
 DAGS = Path(__file__).resolve().parent / "dags"
@@ -346,6 +347,38 @@ def test_a_task_cannot_take_the_task_hosts_socket_for_the_next_agent(podman, age
         for run in runs:
             try:
                 airflow.abandon_run(*run)
+            except Exception as e:  # keep tearing down
+                print(f"could not clean up {run}: {e}")
+        pod.remove()
+
+
+def test_a_task_cannot_stop_the_tasks_of_its_worker_by_signalling_pid_1(podman, agent_image, tasks_image,
+                                                                        airflow, tmp_path):
+    """A task that acts (dags/docker_signal_pid1.py): it sends SIGTERM and SIGINT to PID 1 of
+    its container, the task host, which stops every task of the worker on the container's stop.
+    A task's signal is not the container's stop: the task host ignores it, the task running
+    beside the signaller and the next one succeed, and the task host says what it ignored."""
+    pod = WorkerPod(podman, airflow, f"pod-{tmp_path.name}", tmp_path / "pod", "prefork", _canaries(airflow))
+    run = None
+    try:
+        pod.start()
+        run = airflow.client.trigger(SIGNAL_DAG)
+        try:
+            state = airflow.client.wait_run(SIGNAL_DAG, run, timeout=240)
+        except TimeoutError:
+            state = "not finished within 240 s"
+        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(SIGNAL_DAG, run)}
+        assert state == "success", f"{tis}\n{pod.all_logs()}"
+        said = airflow.client.task_log_text(SIGNAL_DAG, run, "signal_pid1")
+        assert "astro-signal-pid1: sent" in said, said[-3000:]
+        logs = pod.podman("logs", pod.tasks, check=False)
+        task_host_log = logs.stdout + logs.stderr
+        for name in ("SIGTERM", "SIGINT"):
+            assert f"ignored {name} from a process of this container" in task_host_log, task_host_log[-3000:]
+    finally:
+        if run is not None:
+            try:
+                airflow.abandon_run(SIGNAL_DAG, run)
             except Exception as e:  # keep tearing down
                 print(f"could not clean up {run}: {e}")
         pod.remove()

@@ -17,6 +17,7 @@ mod listener;
 mod prefork_launcher;
 mod reaper;
 mod session;
+mod stop_signals;
 mod task_process;
 mod task_spawner;
 mod token_redaction;
@@ -28,7 +29,6 @@ use std::ffi::OsString;
 use std::os::fd::FromRawFd;
 use std::process::ExitCode;
 use std::sync::Arc;
-use tokio::signal::unix::{signal, SignalKind};
 
 /// The task host's command line (`args` without the program and subcommand names).
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
@@ -62,8 +62,7 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
 
 async fn run(flags: TaskHostFlags) -> anyhow::Result<()> {
     let host = Host::new(std::env::vars_os().collect());
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    let stop_signal = stop_signals::obeyed_stop()?;
     let serving = async {
         match flags.connection() {
             Connection::Socket(socket) => listener::serve(host.clone(), &socket).await,
@@ -81,8 +80,7 @@ async fn run(flags: TaskHostFlags) -> anyhow::Result<()> {
     };
     let outcome = tokio::select! {
         outcome = serving => outcome,
-        _ = term.recv() => { tracing::info!("SIGTERM: stopping"); Ok(()) }
-        _ = int.recv() => { tracing::info!("SIGINT: stopping"); Ok(()) }
+        Ok(signal) = stop_signal => { tracing::info!("{signal}: stopping"); Ok(()) }
     };
     stop(&host).await;
     outcome

@@ -192,6 +192,52 @@ fn children(pid: u32) -> Vec<i32> {
     found
 }
 
+/// A task signals PID 1 of its container, the task host, which would stop every task of the
+/// worker: the signals are ignored and the running task ends well. The container's own stop,
+/// from outside its PID namespace, still stops the task host.
+#[tokio::test]
+async fn a_task_cannot_stop_the_task_host_but_its_container_can() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = unique_socket();
+    let mut host = start_task_host(&socket, &dir.path().join("host.log"), true);
+    host.listening(&socket).await;
+    let agent = agent_on(&fake, dir.path(), &socket).await;
+    fake.add_job("long", 3.0, 0);
+    running(&agent, &fake, "long").await;
+    let task_host = children(host.child.id().unwrap());
+    assert_eq!(task_host.len(), 1, "unshare's one child: {task_host:?}");
+    for signal in ["TERM", "INT"] {
+        // As a task would: a process of the task host's PID namespace, where it is PID 1.
+        let status = std::process::Command::new("nsenter")
+            .args(["--target", &task_host[0].to_string(), "--pid", "--"])
+            .args(["sh", "-c", &format!("kill -{signal} 1")])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} 1 from inside: {status}");
+    }
+    agent
+        .until(&fake, "the running job reported", T, |s| {
+            ended(s, "long", "success") || ended(s, "long", "failed")
+        })
+        .await;
+    assert_eq!(
+        fake.with(|s| states(s, "long").last().cloned()).as_deref(),
+        Some("success"),
+        "{}",
+        host.log()
+    );
+    for signal in ["TERM", "INT"] {
+        let ignored = format!("ignored SIG{signal} from a process of this container");
+        assert!(host.log().contains(&ignored), "{}", host.log());
+    }
+    // The container's stop.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(task_host[0]), Signal::SIGTERM).unwrap();
+    let stopped = tokio::time::timeout(T, host.child.wait()).await;
+    assert!(matches!(stopped, Ok(Ok(_))), "{}", host.log());
+    assert!(host.log().contains("SIGTERM: stopping"), "{}", host.log());
+}
+
 #[tokio::test]
 async fn a_child_task_host_that_died_is_replaced_and_its_tasks_reported_failed() {
     let fake = FakeAirflow::start().await;
