@@ -12,9 +12,9 @@ use crate::sentinel_subscription;
 use crate::settings_drift::SettingsDrift;
 use crate::shutdown;
 use crate::slots::Slots;
-use crate::task_host_client::{TaskHost, Welcome};
+use crate::task_host_client::{LeftBehind, TaskHost, Welcome};
 use crate::task_host_link::Link;
-use crate::task_host_protocol::{HostedTask, TaskSettings};
+use crate::task_host_protocol::TaskSettings;
 use crate::task_runner;
 use crate::versions;
 use crate::wake::Wake;
@@ -137,8 +137,8 @@ pub async fn run(
 async fn serve(
     ctx: &Arc<Context>,
     readiness: &Readiness,
-    left_behind: Vec<HostedTask>,
-    mut adopt: tokio::sync::mpsc::UnboundedReceiver<HostedTask>,
+    left_behind: Vec<LeftBehind>,
+    mut adopt: tokio::sync::mpsc::UnboundedReceiver<LeftBehind>,
 ) -> anyhow::Result<()> {
     if let Registered::Abandoned = registration::register(ctx).await? {
         tracing::info!("stopped before registration completed");
@@ -203,15 +203,14 @@ async fn serve(
 }
 
 /// Follows a task a previous agent started to its end and reports it.
-async fn take_over(ctx: &Arc<Context>, task: HostedTask) {
-    let job: EdgeJob = match serde_json::from_value(task.job.clone()) {
+async fn take_over(ctx: &Arc<Context>, LeftBehind { task, remote }: LeftBehind) {
+    let job: EdgeJob = match serde_json::from_value(task.job) {
         Ok(job) => job,
         Err(e) => {
             tracing::error!(task = %task.id, error = %e, "the task host holds a task whose job this agent cannot read; it is left alone");
             return;
         }
     };
-    let remote = ctx.task_host.adopt(&task);
     let lease = ctx
         .slots
         .reserve()

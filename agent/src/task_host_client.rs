@@ -45,7 +45,15 @@ struct State {
 pub struct Welcome {
     pub versions: DetectedVersions,
     /// Tasks a previous agent started, still running or ended and not reported.
-    pub left_behind: Vec<HostedTask>,
+    pub left_behind: Vec<LeftBehind>,
+}
+
+/// A task a previous agent started, as the task host keeps it, and this agent's hold on it:
+/// followed from the welcome on, so that no exit is missed while the agent registers or waits
+/// for a slot.
+pub struct LeftBehind {
+    pub task: HostedTask,
+    pub remote: RemoteTask,
 }
 
 impl TaskHost {
@@ -55,7 +63,7 @@ impl TaskHost {
         settings: TaskSettings,
         link: Link,
         stop: CancellationToken,
-    ) -> anyhow::Result<(Arc<TaskHost>, Welcome, mpsc::UnboundedReceiver<HostedTask>)> {
+    ) -> anyhow::Result<(Arc<TaskHost>, Welcome, mpsc::UnboundedReceiver<LeftBehind>)> {
         let host = Arc::new(TaskHost {
             settings,
             state: Mutex::new(State::default()),
@@ -75,7 +83,7 @@ impl TaskHost {
         link: Link,
         stop: CancellationToken,
         first: oneshot::Sender<anyhow::Result<Welcome>>,
-        adopt: mpsc::UnboundedSender<HostedTask>,
+        adopt: mpsc::UnboundedSender<LeftBehind>,
     ) {
         let mut first = Some(first);
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
@@ -110,7 +118,7 @@ impl TaskHost {
                 tasks,
                 child,
             } = connection;
-            let left_behind = self.reconcile(tasks);
+            let (left_behind, ended) = self.reconcile(tasks);
             match first.take() {
                 Some(first) => {
                     let _ = first.send(Ok(Welcome {
@@ -127,6 +135,10 @@ impl TaskHost {
             }
             let (outbox, mut pending) = mpsc::unbounded_channel();
             self.state.lock().unwrap().outbox = Some(outbox);
+            // Their exits are known now: the task host may forget them.
+            for id in ended {
+                self.send(ToHost::Release { id });
+            }
             self.connected.send_replace(true);
             let ended = loop {
                 tokio::select! {
@@ -169,18 +181,40 @@ impl TaskHost {
     }
 
     /// Brings what the agent waits for in line with what the task host reports; returns the
-    /// tasks it reports that this agent never started.
-    fn reconcile(&self, tasks: Vec<HostedTask>) -> Vec<HostedTask> {
+    /// tasks it reports that this agent never started, followed from now on, and the ids of
+    /// those among them that have ended.
+    fn reconcile(self: &Arc<Self>, tasks: Vec<HostedTask>) -> (Vec<LeftBehind>, Vec<String>) {
         let mut state = self.state.lock().unwrap();
         let listed: HashMap<String, HostedTask> =
             tasks.into_iter().map(|t| (t.id.clone(), t)).collect();
         let mut unknown = Vec::new();
+        let mut ended = Vec::new();
         for (id, task) in &listed {
             if let Some(started) = state.starting.remove(id) {
                 let _ = started.send(Ok((task.pid, task.mode)));
             }
             if !state.running.contains_key(id) {
-                unknown.push(task.clone());
+                let (exit_tx, exit_rx) = oneshot::channel();
+                match &task.exit {
+                    Some(exit) => {
+                        let _ = exit_tx.send(exit.clone());
+                        ended.push(id.clone());
+                    }
+                    None => {
+                        state.running.insert(id.clone(), exit_tx);
+                    }
+                }
+                let remote = RemoteTask {
+                    id: id.clone(),
+                    pid: task.pid,
+                    mode: task.mode,
+                    host: self.clone(),
+                    exit: exit_rx,
+                };
+                unknown.push(LeftBehind {
+                    task: task.clone(),
+                    remote,
+                });
             } else if let Some(exit) = &task.exit {
                 if let Some(waiter) = state.running.remove(id) {
                     let _ = waiter.send(exit.clone());
@@ -207,7 +241,7 @@ impl TaskHost {
                 let _ = waiter.send(lost_exit(gone));
             }
         }
-        unknown
+        (unknown, ended)
     }
 
     /// Every task the agent waits for ended with the task host.
@@ -243,7 +277,10 @@ impl TaskHost {
                     let _ = outbox.send(ToHost::Release { id });
                 }
             }
-            other => tracing::warn!(?other, "the task host said something out of turn; ignored"),
+            other => tracing::warn!(
+                message = other.kind(),
+                "the task host said something out of turn; ignored"
+            ),
         }
     }
 
@@ -295,33 +332,6 @@ impl TaskHost {
             host: self.clone(),
             exit: exit_rx,
         })
-    }
-
-    /// Takes over a task a previous agent started.
-    pub fn adopt(self: &Arc<Self>, task: &HostedTask) -> RemoteTask {
-        let (exit_tx, exit_rx) = oneshot::channel();
-        match &task.exit {
-            Some(exit) => {
-                let _ = exit_tx.send(exit.clone());
-                self.send(ToHost::Release {
-                    id: task.id.clone(),
-                });
-            }
-            None => {
-                self.state
-                    .lock()
-                    .unwrap()
-                    .running
-                    .insert(task.id.clone(), exit_tx);
-            }
-        }
-        RemoteTask {
-            id: task.id.clone(),
-            pid: task.pid,
-            mode: task.mode,
-            host: self.clone(),
-            exit: exit_rx,
-        }
     }
 
     fn signal(&self, id: &str, signal: TaskSignal) {

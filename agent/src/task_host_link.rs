@@ -83,30 +83,57 @@ impl Link {
             settings: settings.clone(),
         };
         frames::send(&mut requests, &hello).await?;
-        let welcome =
-            tokio::time::timeout(WELCOME_TIMEOUT, frames::receive::<FromHost, _>(&mut events))
-                .await
-                .map_err(|_| {
-                    std::io::Error::other(format!("no welcome within {WELCOME_TIMEOUT:?}"))
-                })??;
-        match welcome {
-            FromHost::Welcome {
-                protocol: PROTOCOL,
-                versions,
-                tasks,
-            } => Ok(Connection {
-                events,
-                requests,
-                versions,
-                tasks,
-                child,
-            }),
-            FromHost::Refused { reason } => {
-                Err(std::io::Error::other(format!("refused: {reason}")))
+        let (versions, tasks) = tokio::time::timeout(WELCOME_TIMEOUT, welcome(&mut events))
+            .await
+            .map_err(|_| {
+                std::io::Error::other(format!("no welcome within {WELCOME_TIMEOUT:?}"))
+            })??;
+        Ok(Connection {
+            events,
+            requests,
+            versions,
+            tasks,
+            child,
+        })
+    }
+}
+
+/// The welcome and the tasks it announces, one frame each.
+async fn welcome(
+    events: &mut Reader<OwnedReadHalf>,
+) -> std::io::Result<(DetectedVersions, Vec<HostedTask>)> {
+    let (versions, count) = match frames::receive::<FromHost, _>(events).await? {
+        FromHost::Welcome {
+            protocol: PROTOCOL,
+            versions,
+            tasks,
+        } => (versions, tasks),
+        FromHost::Welcome { protocol, .. } => {
+            return Err(std::io::Error::other(format!(
+                "welcomed with protocol {protocol}, not this agent's {PROTOCOL}: run the same astro-agent version in both containers"
+            )))
+        }
+        FromHost::Refused { reason } => {
+            return Err(std::io::Error::other(format!("refused: {reason}")))
+        }
+        other => {
+            return Err(std::io::Error::other(format!(
+                "answered hello with a {} message",
+                other.kind()
+            )))
+        }
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..count {
+        match frames::receive::<FromHost, _>(events).await? {
+            FromHost::Hosted { task } => tasks.push(task),
+            other => {
+                return Err(std::io::Error::other(format!(
+                    "a {} message among the tasks its welcome announced",
+                    other.kind()
+                )))
             }
-            other => Err(std::io::Error::other(format!(
-                "answered hello with {other:?}"
-            ))),
         }
     }
+    Ok((versions, tasks))
 }

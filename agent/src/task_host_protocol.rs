@@ -2,10 +2,11 @@
 //! [`crate::frames`] says, on a Unix socket: a socket pair when the agent starts the task host
 //! itself, a socket in a volume both containers of a worker Pod mount otherwise.
 //!
-//! The agent says hello with the settings tasks run with; the task host answers with what it
-//! runs (tasks a previous agent started, still running or ended and not yet released) and the
-//! versions of Airflow it finds. Then: start, signal, release from the agent; started, start
-//! failed, exited from the task host. A task the agent has not released stays with the task
+//! The agent says hello with the settings tasks run with; the task host answers with the
+//! versions of Airflow it finds and how many tasks it runs (tasks a previous agent started,
+//! still running or ended and not yet released), then one frame per such task: however many
+//! there are, no frame outgrows [`crate::frames::MAX_MESSAGE`]. Then: start, signal, release
+//! from the agent; started, start failed, exited from the task host. A task the agent has not released stays with the task
 //! host, so an agent that restarts learns how its tasks ended.
 
 use crate::config::LaunchMode;
@@ -17,7 +18,7 @@ use std::time::Duration;
 pub const KILL_GRACE: Duration = Duration::from_secs(10);
 
 /// Changes whenever a message changes incompatibly; both sides refuse another version.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// How tasks start and what they are told; the agent's flags.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,11 +70,15 @@ pub enum TaskSignal {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum FromHost {
-    /// The answer to hello.
+    /// The answer to hello; `tasks` [`FromHost::Hosted`] frames follow it.
     Welcome {
         protocol: u32,
         versions: DetectedVersions,
-        tasks: Vec<HostedTask>,
+        tasks: u32,
+    },
+    /// One task the task host runs or ran, right after the welcome.
+    Hosted {
+        task: HostedTask,
     },
     Started {
         id: String,
@@ -93,6 +98,20 @@ pub enum FromHost {
     Refused {
         reason: String,
     },
+}
+
+impl FromHost {
+    /// What kind of message it is, to log: some carry a workload and its token.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FromHost::Welcome { .. } => "welcome",
+            FromHost::Hosted { .. } => "hosted",
+            FromHost::Started { .. } => "started",
+            FromHost::StartFailed { .. } => "start_failed",
+            FromHost::Exited { .. } => "exited",
+            FromHost::Refused { .. } => "refused",
+        }
+    }
 }
 
 /// A task the task host runs or ran, as a new agent learns it.

@@ -2,10 +2,13 @@
 
 use super::host::Host;
 use crate::frames;
-use crate::task_host_protocol::{FromHost, TaskSignal, ToHost, PROTOCOL};
+use crate::task_host_protocol::{
+    DetectedVersions, FromHost, HostedTask, TaskSignal, ToHost, PROTOCOL,
+};
 use nix::sys::signal::Signal;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
@@ -48,12 +51,8 @@ pub async fn serve(host: Arc<Host>, stream: UnixStream) {
         }
     };
     tracing::info!(tasks = tasks.len(), "an agent connected");
-    let welcome = FromHost::Welcome {
-        protocol: PROTOCOL,
-        versions,
-        tasks,
-    };
-    if frames::send(&mut events, &welcome).await.is_err() {
+    if let Err(e) = welcome(&mut events, versions, tasks).await {
+        tracing::warn!(error = %e, "cannot welcome the agent");
         host.detach(connection);
         return;
     }
@@ -95,4 +94,24 @@ pub async fn serve(host: Arc<Host>, stream: UnixStream) {
     }
     host.detach(connection);
     tracing::info!("the agent disconnected");
+}
+
+/// The welcome, then each task in a frame of its own: a frame holds one job and one bounded
+/// output tail, whatever number of tasks an agent comes back to.
+async fn welcome(
+    events: &mut frames::Writer<OwnedWriteHalf>,
+    versions: DetectedVersions,
+    tasks: Vec<HostedTask>,
+) -> std::io::Result<()> {
+    let count = u32::try_from(tasks.len()).map_err(std::io::Error::other)?;
+    let welcome = FromHost::Welcome {
+        protocol: PROTOCOL,
+        versions,
+        tasks: count,
+    };
+    frames::send(events, &welcome).await?;
+    for task in tasks {
+        frames::send(events, &FromHost::Hosted { task }).await?;
+    }
+    Ok(())
 }

@@ -50,7 +50,16 @@ async fn lost_with_reason_then_work_goes_on(agent: &Agent, fake: &FakeAirflow, r
 }
 
 async fn agent_on(fake: &FakeAirflow, dir: &Path, socket: &str) -> Agent {
-    start_agent(fake, dir, &["--task-host-socket", socket]).await
+    agent_on_with(fake, dir, socket, &[]).await
+}
+
+async fn agent_on_with(fake: &FakeAirflow, dir: &Path, socket: &str, extra: &[&str]) -> Agent {
+    start_agent(
+        fake,
+        dir,
+        &[&["--task-host-socket", socket], extra].concat(),
+    )
+    .await
 }
 
 /// The abstract address of `socket` (`@NAME`).
@@ -91,7 +100,7 @@ async fn a_process_of_the_task_hosts_own_namespace_is_refused() {
     let stream = std::os::unix::net::UnixStream::connect_addr(&address(&socket)).unwrap();
     stream.set_nonblocking(true).unwrap();
     let mut stream = tokio::net::UnixStream::from_std(stream).unwrap();
-    let hello = br#"{"type":"hello","protocol":1,"settings":{"python":"python3","execution_api_url":"http://x/","worker_name":"w","log_folder":"/tmp","mode":"fresh","slots":1,"task_env_allow":[]}}"#;
+    let hello = br#"{"type":"hello","protocol":2,"settings":{"python":"python3","execution_api_url":"http://x/","worker_name":"w","log_folder":"/tmp","mode":"fresh","slots":1,"task_env_allow":[]}}"#;
     let mut frame = (hello.len() as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(hello);
     let _ = stream.write_all(&frame).await;
@@ -153,6 +162,69 @@ async fn a_restarted_agent_takes_over_the_running_task_and_no_task_can_take_its_
         "both agents reached the genuine task host: {}",
         host.log()
     );
+}
+
+/// 24 tasks of 2 s, with jobs of `job_kib` each (a padding field in the workload), left with
+/// the task host by an agent killed while they ran; a restarted agent with `slots` takes them
+/// over and must report every one, as it saw it end.
+async fn left_behind_and_taken_over(job_kib: usize, slots: u32) {
+    const TASKS: usize = 24;
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = unique_socket();
+    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
+    host.listening(&socket).await;
+    let first_slots = TASKS.to_string();
+    let first = agent_on_with(&fake, dir.path(), &socket, &["--sync-slots", &first_slots]).await;
+    let padding = "x".repeat(job_kib * 1024);
+    let ids: Vec<String> = (0..TASKS).map(|i| format!("left{i:02}")).collect();
+    for id in &ids {
+        fake.add_job_with_command(
+            id,
+            serde_json::json!({
+                "type": "ExecuteTask", "token": "task-token", "log_path": format!("dag_id=dag/{id}.log"),
+                "fake": {"sleep": 2.0, "exit": 0}, "padding": padding,
+            }),
+        );
+    }
+    first
+        .until(&fake, "every job running", T, |s| {
+            ids.iter()
+                .all(|id| states(s, id).iter().any(|st| st == "running"))
+        })
+        .await;
+    // The agent container restarts: SIGKILL, nothing reported, nothing released.
+    first.signal(Signal::SIGKILL);
+    drop(first);
+    let second_slots = slots.to_string();
+    let second = agent_on_with(&fake, dir.path(), &socket, &["--sync-slots", &second_slots]).await;
+    second
+        .until(&fake, "every job reported by the restarted agent", T, |s| {
+            ids.iter().all(|id| ended(s, id, "success"))
+        })
+        .await;
+    assert_eq!(
+        second.log().matches("taking over a task").count(),
+        TASKS,
+        "{}",
+        second.log()
+    );
+}
+
+/// More tasks left behind than the restarted agent has slots (2): it follows every one from its
+/// welcome on, so a task that ends while the agent waits for a slot is still reported. (Taken
+/// over one by one as slots freed, such a task's exit went unheard, its job "running" forever.)
+#[tokio::test]
+async fn a_restarted_agent_with_fewer_slots_reports_every_task_left_behind() {
+    left_behind_and_taken_over(1, 2).await;
+}
+
+/// Tasks left behind larger than one frame can hold (24 jobs of 450 KiB, 10.8 MiB): the welcome
+/// brings one task per frame, and the restarted agent learns and reports every one. In one
+/// welcome frame, past the 1 MiB limit, no agent could ever connect again.
+#[tokio::test]
+async fn a_restarted_agent_takes_over_ten_mebibytes_of_tasks() {
+    left_behind_and_taken_over(450, 24).await;
 }
 
 #[tokio::test]

@@ -26,8 +26,8 @@ from datetime import datetime
 from airflow.sdk import DAG, get_current_context, task
 
 CAPTURE = "squat-capture"
-WELCOME = {"type": "welcome", "protocol": 1,
-           "versions": {"airflow": None, "edge_provider": None, "problem": None}, "tasks": []}
+WELCOME = {"type": "welcome", "protocol": 2,
+           "versions": {"airflow": None, "edge_provider": None, "problem": None}, "tasks": 0}
 
 
 def task_host_socket() -> str:
