@@ -12,7 +12,9 @@ use std::time::Duration;
 
 /// A fake `python` that plays the launcher script's one-task mode and Airflow's supervisor:
 /// it says it is ready on its stdin socket, reads its request there, takes `fake.sleep` and
-/// `fake.exit` from the workload in it, writes the task log, and reports SIGTERM in it. Each one also
+/// `fake.exit` from the workload in it, writes the task log, and reports SIGTERM in it. With
+/// `leave_behind` in the workload it first leaves a daemon behind (double-forked, a session of
+/// its own, sleeping 300 s) whose pid it writes to `<leave_behind>.pid`. Each one also
 /// leaves a file in `running/` while it runs and appends how many it saw there (itself
 /// included) to `concurrency`: the largest number is the most task processes at once.
 pub fn fake_python(dir: &Path) -> PathBuf {
@@ -26,6 +28,8 @@ printf '!' >&0
 tail -c +5 <&0 > "$f"
 secs=$(sed -n 's/.*"sleep":\([0-9.]*\).*/\1/p' "$f")
 code=$(sed -n 's/.*"exit":\([0-9]*\).*/\1/p' "$f")
+daemon=$(sed -n 's/.*"leave_behind":"\([^"]*\)".*/\1/p' "$f")
+[ -z "$daemon" ] || ( setsid sh -c 'echo $$ > "$1"; exec sleep 300' sh "$here/$daemon.pid" </dev/null >/dev/null 2>&1 & )
 log="$AIRFLOW__LOGGING__BASE_LOG_FOLDER/$(sed -n 's/.*"log_path":"\([^"]*\)".*/\1/p' "$f")"
 mkdir -p "$(dirname "$log")" "$here/running"
 touch "$here/running/$$"

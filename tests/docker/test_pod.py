@@ -63,6 +63,7 @@ from podman_harness import AGENT_IMAGE, TASKS_IMAGE
 DAG = "docker_canary_hunt"
 SQUAT_DAG, AFTER_SQUAT_DAG = "docker_socket_squat", "docker_after_squat"
 SIGNAL_DAG = "docker_signal_pid1"
+LEAVE_BEHIND_DAG = "docker_leave_behind"
 TASKS = ("hunt_a", "hunt_b")
 QUEUE = "pod"
 DAGS = Path(__file__).resolve().parent / "dags"
@@ -379,6 +380,35 @@ def test_a_task_cannot_stop_the_tasks_of_its_worker_by_signalling_pid_1(podman, 
         if run is not None:
             try:
                 airflow.abandon_run(SIGNAL_DAG, run)
+            except Exception as e:  # keep tearing down
+                print(f"could not clean up {run}: {e}")
+        pod.remove()
+
+
+def test_what_a_task_leaves_behind_ends_with_it(podman, agent_image, tasks_image, airflow, tmp_path):
+    """A task that acts (dags/docker_leave_behind.py): it leaves a daemon behind, which would
+    outlive it and every later task of the worker. PID 1 of the tasks container, the task host,
+    inherits it and ends it once the tasks it shared the worker with have ended."""
+    pod = WorkerPod(podman, airflow, f"pod-{tmp_path.name}", tmp_path / "pod", "prefork", _canaries(airflow))
+    run = None
+    try:
+        pod.start()
+        run = airflow.client.trigger(LEAVE_BEHIND_DAG, conf={"log_folder": LOG_FOLDER})
+        assert airflow.client.wait_run(LEAVE_BEHIND_DAG, run, timeout=240) == "success", pod.all_logs()
+        daemon = int((pod.logs / "leftover.pid").read_text())
+        alive = f"import os, sys; sys.exit(0 if os.path.exists('/proc/{daemon}') else 1)"
+
+        def daemon_gone() -> bool:
+            return pod.podman("exec", pod.tasks, "python3", "-c", alive, check=False).returncode == 1
+
+        wait_for(daemon_gone, 60, f"the daemon (pid {daemon} in the tasks container) to end",
+                 interval=1, on_timeout=pod.all_logs)
+        logs = pod.podman("logs", pod.tasks, check=False)
+        assert "ending a process a task left behind" in logs.stdout + logs.stderr, pod.all_logs()
+    finally:
+        if run is not None:
+            try:
+                airflow.abandon_run(LEAVE_BEHIND_DAG, run)
             except Exception as e:  # keep tearing down
                 print(f"could not clean up {run}: {e}")
         pod.remove()

@@ -268,6 +268,17 @@ impl Host {
         }
     }
 
+    /// The ids of the tasks still running.
+    pub fn running_ids(&self) -> std::collections::HashSet<String> {
+        let state = self.state.lock().unwrap();
+        state
+            .tasks
+            .iter()
+            .filter(|(_, e)| e.exit.is_none())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     pub fn running(&self) -> usize {
         let state = self.state.lock().unwrap();
         state.tasks.values().filter(|e| e.exit.is_none()).count()

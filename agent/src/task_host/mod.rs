@@ -13,6 +13,7 @@
 mod flags;
 mod host;
 mod launcher_protocol;
+mod leftovers;
 mod listener;
 mod prefork_launcher;
 mod reaper;
@@ -80,6 +81,7 @@ async fn run(flags: TaskHostFlags) -> anyhow::Result<()> {
     };
     let outcome = tokio::select! {
         outcome = serving => outcome,
+        never = leftovers::sweep(&host) => match never {},
         Ok(signal) = stop_signal => { tracing::info!("{signal}: stopping"); Ok(()) }
     };
     stop(&host).await;

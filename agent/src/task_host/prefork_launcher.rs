@@ -15,6 +15,7 @@ use super::launcher_protocol::{LaunchRequest, LauncherMessage};
 use super::reaper::Reaper;
 use crate::frames::{self, Reader, Writer};
 use airflow::backoff::Backoff;
+use futures_util::FutureExt;
 use nix::sys::signal::Signal;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -41,6 +42,8 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 const MAX_SPARES: usize = 8;
 /// How long the announcements a dead launcher left in its pipe are read for.
 const LAST_WORDS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the spares' announcements are read while no task starts.
+const ANNOUNCEMENTS_READ_EVERY: Duration = Duration::from_secs(1);
 /// How long a launcher whose stdin was closed gets to exit before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -110,17 +113,22 @@ impl PreforkLauncher {
             match outcome {
                 Ok((pid, mut exit)) => {
                     tracing::info!(pid, took = ?started.elapsed(), "task launcher ready");
-                    tokio::select! {
-                        status = &mut exit => {
-                            tracing::warn!(?status, "task launcher exited; tasks start in fresh interpreters until it is back");
-                        }
-                        _ = stop.cancelled() => {
-                            // Closing its stdin ends it; running tasks are not its children.
-                            drop(self.ready.lock().await.take());
-                            if tokio::time::timeout(STOP_GRACE, exit).await.is_err() {
-                                self.reaper.signal(pid, Signal::SIGKILL);
+                    let mut idle_reads = tokio::time::interval(ANNOUNCEMENTS_READ_EVERY);
+                    loop {
+                        tokio::select! {
+                            status = &mut exit => {
+                                tracing::warn!(?status, "task launcher exited; tasks start in fresh interpreters until it is back");
+                                break;
                             }
-                            return;
+                            _ = idle_reads.tick() => self.read_announcements().await,
+                            _ = stop.cancelled() => {
+                                // Closing its stdin ends it; running tasks are not its children.
+                                drop(self.ready.lock().await.take());
+                                if tokio::time::timeout(STOP_GRACE, exit).await.is_err() {
+                                    self.reaper.signal(pid, Signal::SIGKILL);
+                                }
+                                return;
+                            }
                         }
                     }
                     self.read_last_words().await;
@@ -179,6 +187,26 @@ impl PreforkLauncher {
         if let Some(mut launcher) = self.ready.lock().await.take() {
             let _ =
                 tokio::time::timeout(LAST_WORDS_TIMEOUT, self.reply(&mut launcher.replies)).await;
+        }
+    }
+
+    /// The spares' announcements that wait in the pipe while no task is being launched: every
+    /// spare is watched within [`ANNOUNCEMENTS_READ_EVERY`], not only at the next launch (an
+    /// unwatched child is a task's leftover to the task host, see `leftovers`).
+    async fn read_announcements(&self) {
+        let Ok(mut ready) = self.ready.try_lock() else {
+            return; // a launch is reading them
+        };
+        let Some(launcher) = ready.as_mut() else {
+            return;
+        };
+        // Polled once each: a frame not complete yet stays in the reader's buffer.
+        while let Some(message) = frames::receive(&mut launcher.replies).now_or_never() {
+            match message {
+                Ok(LauncherMessage::Spare { pid }) if pid > 0 => drop(self.reaper.watch(pid)),
+                Ok(other) => tracing::warn!(?other, "the launcher said something out of turn"),
+                Err(_) => return, // its end: `supervise` sees the exit
+            }
         }
     }
 
@@ -637,6 +665,23 @@ if __name__ == "__main__":
             forked.len() == 2 && forked.iter().all(|&(_, parent)| parent == agent),
             "two spares, children of the agent ({agent}): {forked:?}"
         );
+        // Watched while the worker is idle, not only from the next launch on: an unwatched
+        // child would be a task's leftover.
+        let watched = |reaper: &Reaper| {
+            let unwatched = reaper.unwatched_children();
+            forked
+                .iter()
+                .all(|&(pid, _)| !unwatched.iter().any(|p| p.pid == pid))
+        };
+        let mut announced = false;
+        for _ in 0..500 {
+            if watched(Reaper::global()) {
+                announced = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(announced, "the spares are not watched: {forked:?}");
         nix::sys::signal::kill(Pid::from_raw(launcher_pid), Signal::SIGKILL).unwrap();
         for (pid, _) in forked {
             // Gone from /proc altogether: exited and waited for, not left a zombie.

@@ -21,7 +21,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -133,6 +133,25 @@ impl Reaper {
         self.signal_watched(pid, || killpg(Pid::from_raw(pid), signal))
     }
 
+    /// This process's children that nobody watches: left behind by the processes they were
+    /// born to (see `leftovers`).
+    pub fn unwatched_children(&self) -> HashSet<ProcessId> {
+        let state = self.state.lock().unwrap();
+        own_children()
+            .into_iter()
+            .filter(|child| !state.watched.contains_key(&child.pid))
+            .collect()
+    }
+
+    /// Signals `process` if it is still an unwatched child of this process: the lock keeps the
+    /// thread from reaping it, so its pid cannot have been given to another process.
+    pub fn signal_unwatched_child(&self, process: ProcessId, signal: Signal) -> bool {
+        let state = self.state.lock().unwrap();
+        !state.watched.contains_key(&process.pid)
+            && own_children().contains(&process)
+            && kill(Pid::from_raw(process.pid), signal).is_ok()
+    }
+
     fn signal_watched(&self, pid: i32, send: impl FnOnce() -> nix::Result<()>) -> bool {
         // The lock keeps the thread from reaping (and the kernel from reusing) the pid while
         // the signal goes out.
@@ -192,6 +211,42 @@ impl Reaper {
     }
 }
 
+/// A process, told apart from a later one with the same pid by when it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    pub pid: i32,
+    /// Clock ticks after boot (`/proc/PID/stat`, field 22).
+    started: u64,
+}
+
+/// This process's children, from `/proc` (its own PID namespace's view).
+fn own_children() -> Vec<ProcessId> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (parent, started) = parent_and_start(&stat)?;
+            (parent == me).then_some(ProcessId { pid, started })
+        })
+        .collect()
+}
+
+/// The parent pid and start time in a `/proc/PID/stat` line. The command name may hold any
+/// character, a `)` included: the fields are counted after its last `)`.
+fn parent_and_start(stat: &str) -> Option<(i32, u64)> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace();
+    // Fields 3 (state) and 4 (ppid), then 22 (starttime): the 2nd and the 20th after the name.
+    let parent = fields.nth(1)?.parse().ok()?;
+    let started = fields.nth(17)?.parse().ok()?;
+    Some((parent, started))
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -232,6 +287,43 @@ pub(crate) mod tests {
             .read_line(&mut out)
             .unwrap();
         (out.trim().parse().unwrap(), exit)
+    }
+
+    #[test]
+    fn a_stat_line_is_read_after_the_last_parenthesis_of_the_name() {
+        let stat = "42 (a) b) (c) S 7 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(parent_and_start(stat), Some((7, 98765)));
+        assert_eq!(parent_and_start("42 (cut"), None);
+    }
+
+    #[tokio::test]
+    async fn what_nobody_watches_is_signalled_and_what_is_watched_is_not() {
+        // A grandchild re-parented to us when the shell between exits: nobody watches it.
+        let (grandchild, shell) = shell_with_grandchild("0", "sleep 30");
+        assert!(shell.await.unwrap().success());
+        let reaper = Reaper::global();
+        let leftover = loop {
+            if let Some(p) = reaper
+                .unwatched_children()
+                .into_iter()
+                .find(|p| p.pid == grandchild)
+            {
+                break p;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let (watched, _exit) = reaper.spawn(Command::new("sleep").arg("30")).unwrap();
+        assert!(!reaper
+            .unwatched_children()
+            .iter()
+            .any(|p| p.pid == watched.id() as i32));
+        assert!(reaper.signal_unwatched_child(leftover, Signal::SIGKILL));
+        assert!(reaped(grandchild, Duration::from_secs(10)).await);
+        assert!(
+            !reaper.signal_unwatched_child(leftover, Signal::SIGKILL),
+            "gone, so not signalled again"
+        );
+        assert!(reaper.signal(watched.id() as i32, Signal::SIGKILL));
     }
 
     #[tokio::test]

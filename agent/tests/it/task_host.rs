@@ -328,6 +328,68 @@ async fn a_child_task_host_that_died_is_replaced_and_its_tasks_reported_failed()
     .await;
 }
 
+/// Kills the fake task's daemon (a `sleep`, not this test's child) when dropped, unless gone.
+struct SleeperGuard(i32);
+
+impl Drop for SleeperGuard {
+    fn drop(&mut self) {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
+        if cmdline.starts_with(b"sleep\0") {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), Signal::SIGKILL);
+        }
+    }
+}
+
+/// A task double-forks a daemon into a session of its own, which would outlive it and every
+/// later task of the worker (with the task host's user and network namespace). The task host
+/// inherits it and ends it once the tasks it shared the worker with have ended; the next task
+/// still runs.
+#[tokio::test]
+async fn what_a_task_leaves_behind_ends_with_it() {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&fake, dir.path(), &[]).await;
+    fake.add_job_with_command(
+        "litter",
+        serde_json::json!({
+            "type": "ExecuteTask", "token": "task-token", "log_path": "dag_id=dag/litter.log",
+            "fake": {"sleep": 0.2, "exit": 0}, "leave_behind": "daemon",
+        }),
+    );
+    agent
+        .until(&fake, "the littering job reported", T, |s| {
+            ended(s, "litter", "success")
+        })
+        .await;
+    let pid_file = dir.path().join("daemon.pid");
+    let daemon: i32 = test_kit::eventually(T, "the daemon's pid", || {
+        let pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse().ok());
+        async move { pid }
+    })
+    .await;
+    // Should this test fail, the daemon does not outlive it either.
+    let _daemon = SleeperGuard(daemon);
+    let proc_entry = format!("/proc/{daemon}");
+    test_kit::eventually(T, "the daemon to end", || {
+        let gone = (!Path::new(&proc_entry).exists()).then_some(());
+        async move { gone }
+    })
+    .await;
+    fake.add_job("after", 0.0, 0);
+    agent
+        .until(&fake, "the next job reported", T, |s| {
+            ended(s, "after", "success")
+        })
+        .await;
+    assert!(
+        agent.log().contains("ending a process a task left behind"),
+        "{}",
+        agent.log()
+    );
+}
+
 #[tokio::test]
 async fn install_copies_the_binary() {
     let dir = tempfile::tempdir().unwrap();
