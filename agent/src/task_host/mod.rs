@@ -2,13 +2,14 @@
 //!
 //! In a worker Pod it is PID 1 of the tasks container (the user's own Airflow image, with this
 //! binary copied in by an init container) and listens on an abstract Unix socket name in the
-//! network namespace the agent container shares; elsewhere the agent starts it as a child on a socket pair. Either way
-//! it speaks [`crate::task_host_protocol`]: it starts tasks (through the pre-forked launcher,
-//! or fresh interpreters), signals them, reaps every process that ends up its child, and
-//! reports each task's pid, exit status and output tail. It holds no Airflow credential; it is
-//! not dumpable, so the tasks, which run as the same user, cannot read its memory or
-//! environment. Tasks outlive the agent's connection: an agent that reconnects learns what
-//! ran and how it ended.
+//! network namespace the agent container shares; elsewhere the agent starts it as a child on
+//! a socket pair. Either way it speaks [`crate::task_host_protocol`]: it starts tasks (through
+//! the pre-forked launcher, or fresh interpreters), signals them, reaps every process that ends
+//! up its child, ends what tasks leave behind (`leftovers`), and reports each task's pid, exit
+//! status and output tail. It holds no Airflow credential; it is not dumpable, so the tasks,
+//! which run as the same user, cannot read its memory or environment, and it obeys no task's
+//! stop signal (`stop_signals`). Tasks outlive the agent's connection: an agent that
+//! reconnects learns what ran and how it ended.
 
 mod flags;
 mod host;

@@ -2,7 +2,6 @@
 //! kubelet's, as a Pod sees it) without touching the machine's network. Needs root, as the
 //! tests run in CI.
 
-use nix::sched::CloneFlags;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -16,8 +15,14 @@ pub fn in_new_net_namespace<T: Send + 'static>(
     let addresses = addresses.to_vec();
     let thread = std::thread::spawn(move || {
         // Network namespaces belong to threads: only this one (and what it starts) moves.
-        nix::sched::unshare(CloneFlags::CLONE_NEWNET)
-            .expect("a network namespace of the test's own (the test runs as root)");
+        // SAFETY: unshare(2) changes only this thread's namespaces.
+        let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            unshared,
+            0,
+            "a network namespace of the test's own (the test runs as root): {}",
+            std::io::Error::last_os_error()
+        );
         let control = control_socket();
         for (alias, address) in addresses.iter().enumerate() {
             set_address(&control, &format!("lo:{alias}"), *address);
