@@ -148,7 +148,7 @@ impl Reaper {
     pub fn signal_unwatched_child(&self, process: ProcessId, signal: Signal) -> bool {
         let state = self.state.lock().unwrap();
         !state.watched.contains_key(&process.pid)
-            && own_children().contains(&process)
+            && child_of_mine(process.pid) == Some(process)
             && kill(Pid::from_raw(process.pid), signal).is_ok()
     }
 
@@ -221,19 +221,21 @@ pub struct ProcessId {
 
 /// This process's children, from `/proc` (its own PID namespace's view).
 fn own_children() -> Vec<ProcessId> {
-    let me = std::process::id() as i32;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (parent, started) = parent_and_start(&stat)?;
-            (parent == me).then_some(ProcessId { pid, started })
-        })
+        .filter_map(child_of_mine)
         .collect()
+}
+
+/// `pid`, if it is a child of this process.
+fn child_of_mine(pid: i32) -> Option<ProcessId> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (parent, started) = parent_and_start(&stat)?;
+    (parent == std::process::id() as i32).then_some(ProcessId { pid, started })
 }
 
 /// The parent pid and start time in a `/proc/PID/stat` line. The command name may hold any
