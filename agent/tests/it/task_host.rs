@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 use test_kit::agent_process::{start_agent, Agent};
 use test_kit::fake_edge_api::{FakeAirflow, State};
-use test_kit::task_host_process::{is_listening, start_task_host, unique_socket};
+use test_kit::task_host_process::{is_listening, start_task_host, unique_socket, TaskHostProcess};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(30);
@@ -49,6 +49,32 @@ async fn lost_with_reason_then_work_goes_on(agent: &Agent, fake: &FakeAirflow, r
         .await;
 }
 
+/// A worker Pod's two containers: a task host in a PID namespace of its own, listening on a
+/// name no other test uses, and an agent (with `extra` flags) connected to it.
+struct Worker {
+    fake: FakeAirflow,
+    dir: tempfile::TempDir,
+    socket: String,
+    host: TaskHostProcess,
+    agent: Agent,
+}
+
+async fn worker(extra: &[&str]) -> Worker {
+    let fake = FakeAirflow::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = unique_socket();
+    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
+    host.listening(&socket).await;
+    let agent = agent_on_with(&fake, dir.path(), &socket, extra).await;
+    Worker {
+        fake,
+        dir,
+        socket,
+        host,
+        agent,
+    }
+}
+
 async fn agent_on(fake: &FakeAirflow, dir: &Path, socket: &str) -> Agent {
     agent_on_with(fake, dir, socket, &[]).await
 }
@@ -69,12 +95,13 @@ fn address(socket: &str) -> std::os::unix::net::SocketAddr {
 
 #[tokio::test]
 async fn tasks_run_in_a_task_host_of_another_pid_namespace() {
-    let fake = FakeAirflow::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = unique_socket();
-    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    host.listening(&socket).await;
-    let agent = agent_on(&fake, dir.path(), &socket).await;
+    let Worker {
+        fake,
+        dir: _dir,
+        socket: _,
+        host,
+        agent,
+    } = worker(&[]).await;
     fake.add_job("ok", 0.2, 0);
     fake.add_job("fails", 0.0, 3);
     agent
@@ -125,12 +152,13 @@ async fn a_process_of_the_task_hosts_own_namespace_is_refused() {
 /// the genuine task host.
 #[tokio::test]
 async fn a_restarted_agent_takes_over_the_running_task_and_no_task_can_take_its_link() {
-    let fake = FakeAirflow::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = unique_socket();
-    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    host.listening(&socket).await;
-    let first = agent_on(&fake, dir.path(), &socket).await;
+    let Worker {
+        fake,
+        dir,
+        socket,
+        host,
+        agent: first,
+    } = worker(&[]).await;
     fake.add_job("long", 3.0, 0);
     running(&first, &fake, "long").await;
     let squat = std::os::unix::net::UnixListener::bind_addr(&address(&socket));
@@ -169,13 +197,14 @@ async fn a_restarted_agent_takes_over_the_running_task_and_no_task_can_take_its_
 /// over and must report every one, as it saw it end.
 async fn left_behind_and_taken_over(job_kib: usize, slots: u32) {
     const TASKS: usize = 24;
-    let fake = FakeAirflow::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = unique_socket();
-    let host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    host.listening(&socket).await;
     let first_slots = TASKS.to_string();
-    let first = agent_on_with(&fake, dir.path(), &socket, &["--sync-slots", &first_slots]).await;
+    let Worker {
+        fake,
+        dir,
+        socket,
+        host: _host,
+        agent: first,
+    } = worker(&["--sync-slots", &first_slots]).await;
     let padding = "x".repeat(job_kib * 1024);
     let ids: Vec<String> = (0..TASKS).map(|i| format!("left{i:02}")).collect();
     for id in &ids {
@@ -229,12 +258,13 @@ async fn a_restarted_agent_takes_over_ten_mebibytes_of_tasks() {
 
 #[tokio::test]
 async fn tasks_of_a_task_host_that_died_are_reported_failed_and_work_goes_on() {
-    let fake = FakeAirflow::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = unique_socket();
-    let mut host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    host.listening(&socket).await;
-    let agent = agent_on(&fake, dir.path(), &socket).await;
+    let Worker {
+        fake,
+        dir,
+        socket,
+        mut host,
+        agent,
+    } = worker(&[]).await;
     fake.add_job("cut", 60.0, 0);
     running(&agent, &fake, "cut").await;
     host.kill().await;
@@ -269,12 +299,13 @@ fn children(pid: u32) -> Vec<i32> {
 /// from outside its PID namespace, still stops the task host.
 #[tokio::test]
 async fn a_task_cannot_stop_the_task_host_but_its_container_can() {
-    let fake = FakeAirflow::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = unique_socket();
-    let mut host = start_task_host(&socket, &dir.path().join("host.log"), true);
-    host.listening(&socket).await;
-    let agent = agent_on(&fake, dir.path(), &socket).await;
+    let Worker {
+        fake,
+        dir: _dir,
+        socket: _,
+        mut host,
+        agent,
+    } = worker(&[]).await;
     fake.add_job("long", 3.0, 0);
     running(&agent, &fake, "long").await;
     let task_host = children(host.child.id().unwrap());
