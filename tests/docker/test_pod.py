@@ -188,9 +188,12 @@ class WorkerPod:
         except OSError:
             return False
 
-    def logs_of(self, container: str) -> str:
+    def whole_log(self, container: str) -> str:
         out = self.podman("logs", container, check=False)
-        return (out.stdout + out.stderr)[-6000:]
+        return out.stdout + out.stderr
+
+    def logs_of(self, container: str) -> str:
+        return self.whole_log(container)[-6000:]
 
     def all_logs(self) -> str:
         return "\n".join(f"== {c}:\n{self.logs_of(c)}" for c in (self.tasks, self.agent))
@@ -313,37 +316,21 @@ def test_the_hunt_finds_a_secret_mounted_into_the_tasks_container(podman, agent_
             assert f"canary #0 in {SECRETS}/jwt-secret" in _found_line(logs[task_id]), logs[task_id][-3000:]
 
 
-def test_a_task_cannot_take_the_task_hosts_socket_for_the_next_agent(podman, agent_image, tasks_image, airflow,
-                                                                     tmp_path):
-    """A task that acts (dags/docker_socket_squat.py): it takes the task host's socket and
-    leaves a daemon behind to answer the agent's next connection; the agent container then
-    restarts (as after an OOM kill, a crash or a failed liveness probe). Were the socket a file
-    in a volume the tasks can write, the restarted agent would connect to the daemon and send it
-    every later workload with its Execution API token, and no later task would run. The task
-    host's abstract name cannot be taken: the task is refused, the daemon gets nothing, and the
-    next, ordinary task runs."""
-    pod = WorkerPod(podman, airflow, f"pod-{tmp_path.name}", tmp_path / "pod", "prefork", _canaries(airflow))
+@contextlib.contextmanager
+def attacked_pod(podman, airflow: AirflowStack, folder: Path):
+    """A started worker pod (prefork) and ``trigger(dag, conf)``, which starts a run on it and
+    returns ``(dag, run id)``. Afterwards every run triggered is made harmless and the pod
+    removed."""
+    pod = WorkerPod(podman, airflow, f"pod-{folder.name}", folder / "pod", "prefork", _canaries(airflow))
     runs = []
+
+    def trigger(dag: str, conf: dict | None = None) -> tuple[str, str]:
+        runs.append((dag, airflow.client.trigger(dag, conf=conf)))
+        return runs[-1]
+
     try:
         pod.start()
-        runs.append((SQUAT_DAG, airflow.client.trigger(SQUAT_DAG, conf={"log_folder": LOG_FOLDER})))
-        assert airflow.client.wait_run(*runs[-1], timeout=240) == "success", pod.all_logs()
-        said = airflow.client.task_log_text(*runs[-1], "squat")
-        print(next((line for line in said.splitlines() if "astro-socket-squat:" in line), "(nothing said)"))
-        # The agent container restarts; the kubelet would start it again, podman does here.
-        pod.podman("restart", "--time", "60", pod.agent, timeout=180)
-        wait_for(lambda: pod.check_running(pod.agent) or pod.ready(), 90, "the restarted agent to be ready",
-                 interval=0.25, on_timeout=pod.all_logs)
-        runs.append((AFTER_SQUAT_DAG, airflow.client.trigger(AFTER_SQUAT_DAG)))
-        try:
-            state = airflow.client.wait_run(*runs[-1], timeout=180)
-        except TimeoutError:
-            state = "not finished within 180 s"
-        capture = pod.logs / "squat-capture"
-        captured = capture.read_bytes() if capture.exists() else b""
-        assert captured == b"", f"the squatter received {len(captured)} bytes:\n{captured[:3000]!r}"
-        assert state == "success", pod.all_logs()
-        assert "astro-socket-squat: refused (EADDRINUSE" in said, said[-3000:]
+        yield pod, trigger
     finally:
         for run in runs:
             try:
@@ -353,48 +340,64 @@ def test_a_task_cannot_take_the_task_hosts_socket_for_the_next_agent(podman, age
         pod.remove()
 
 
+def test_a_task_cannot_take_the_task_hosts_socket_for_the_next_agent(podman, agent_image, tasks_image, airflow,
+                                                                     tmp_path):
+    """A task that acts (dags/docker_socket_squat.py): it takes the task host's socket and
+    leaves a daemon behind to answer the agent's next connection; the agent container then
+    restarts (as after an OOM kill, a crash or a failed liveness probe). Were the socket a file
+    in a volume the tasks can write, the restarted agent would connect to the daemon and send it
+    every later workload with its Execution API token, and no later task would run. The task
+    host's abstract name cannot be taken: the task is refused, the daemon gets nothing, and the
+    next, ordinary task runs."""
+    with attacked_pod(podman, airflow, tmp_path) as (pod, trigger):
+        squat = trigger(SQUAT_DAG, {"log_folder": LOG_FOLDER})
+        assert airflow.client.wait_run(*squat, timeout=240) == "success", pod.all_logs()
+        said = airflow.client.task_log_text(*squat, "squat")
+        print(next((line for line in said.splitlines() if "astro-socket-squat:" in line), "(nothing said)"))
+        # The agent container restarts; the kubelet would start it again, podman does here.
+        pod.podman("restart", "--time", "60", pod.agent, timeout=180)
+        wait_for(lambda: pod.check_running(pod.agent) or pod.ready(), 90, "the restarted agent to be ready",
+                 interval=0.25, on_timeout=pod.all_logs)
+        after = trigger(AFTER_SQUAT_DAG)
+        try:
+            state = airflow.client.wait_run(*after, timeout=180)
+        except TimeoutError:
+            state = "not finished within 180 s"
+        capture = pod.logs / "squat-capture"
+        captured = capture.read_bytes() if capture.exists() else b""
+        assert captured == b"", f"the squatter received {len(captured)} bytes:\n{captured[:3000]!r}"
+        assert state == "success", pod.all_logs()
+        assert "astro-socket-squat: refused (EADDRINUSE" in said, said[-3000:]
+
+
 def test_a_task_cannot_stop_the_tasks_of_its_worker_by_signalling_pid_1(podman, agent_image, tasks_image,
                                                                         airflow, tmp_path):
     """A task that acts (dags/docker_signal_pid1.py): it sends SIGTERM and SIGINT to PID 1 of
     its container, the task host, which stops every task of the worker on the container's stop.
     A task's signal is not the container's stop: the task host ignores it, the task running
     beside the signaller and the next one succeed, and the task host says what it ignored."""
-    pod = WorkerPod(podman, airflow, f"pod-{tmp_path.name}", tmp_path / "pod", "prefork", _canaries(airflow))
-    run = None
-    try:
-        pod.start()
-        run = airflow.client.trigger(SIGNAL_DAG)
+    with attacked_pod(podman, airflow, tmp_path) as (pod, trigger):
+        run = trigger(SIGNAL_DAG)
         try:
-            state = airflow.client.wait_run(SIGNAL_DAG, run, timeout=240)
+            state = airflow.client.wait_run(*run, timeout=240)
         except TimeoutError:
             state = "not finished within 240 s"
-        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(SIGNAL_DAG, run)}
+        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(*run)}
         assert state == "success", f"{tis}\n{pod.all_logs()}"
-        said = airflow.client.task_log_text(SIGNAL_DAG, run, "signal_pid1")
+        said = airflow.client.task_log_text(*run, "signal_pid1")
         assert "astro-signal-pid1: sent" in said, said[-3000:]
-        logs = pod.podman("logs", pod.tasks, check=False)
-        task_host_log = logs.stdout + logs.stderr
+        task_host_log = pod.whole_log(pod.tasks)
         for name in ("SIGTERM", "SIGINT"):
             assert f"ignored {name} from a process of this container" in task_host_log, task_host_log[-3000:]
-    finally:
-        if run is not None:
-            try:
-                airflow.abandon_run(SIGNAL_DAG, run)
-            except Exception as e:  # keep tearing down
-                print(f"could not clean up {run}: {e}")
-        pod.remove()
 
 
 def test_what_a_task_leaves_behind_ends_with_it(podman, agent_image, tasks_image, airflow, tmp_path):
     """A task that acts (dags/docker_leave_behind.py): it leaves a daemon behind, which would
     outlive it and every later task of the worker. PID 1 of the tasks container, the task host,
     inherits it and ends it once the tasks it shared the worker with have ended."""
-    pod = WorkerPod(podman, airflow, f"pod-{tmp_path.name}", tmp_path / "pod", "prefork", _canaries(airflow))
-    run = None
-    try:
-        pod.start()
-        run = airflow.client.trigger(LEAVE_BEHIND_DAG, conf={"log_folder": LOG_FOLDER})
-        assert airflow.client.wait_run(LEAVE_BEHIND_DAG, run, timeout=240) == "success", pod.all_logs()
+    with attacked_pod(podman, airflow, tmp_path) as (pod, trigger):
+        run = trigger(LEAVE_BEHIND_DAG, {"log_folder": LOG_FOLDER})
+        assert airflow.client.wait_run(*run, timeout=240) == "success", pod.all_logs()
         daemon = int((pod.logs / "leftover.pid").read_text())
         alive = f"import os, sys; sys.exit(0 if os.path.exists('/proc/{daemon}') else 1)"
 
@@ -403,15 +406,7 @@ def test_what_a_task_leaves_behind_ends_with_it(podman, agent_image, tasks_image
 
         wait_for(daemon_gone, 60, f"the daemon (pid {daemon} in the tasks container) to end",
                  interval=1, on_timeout=pod.all_logs)
-        logs = pod.podman("logs", pod.tasks, check=False)
-        assert "ending a process a task left behind" in logs.stdout + logs.stderr, pod.all_logs()
-    finally:
-        if run is not None:
-            try:
-                airflow.abandon_run(LEAVE_BEHIND_DAG, run)
-            except Exception as e:  # keep tearing down
-                print(f"could not clean up {run}: {e}")
-        pod.remove()
+        assert "ending a process a task left behind" in pod.whole_log(pod.tasks), pod.all_logs()
 
 
 def _is_agent(argv: list[str]) -> bool:
