@@ -10,7 +10,8 @@
 # The binaries are built from the tests/keda module: its go.mod pins KEDA and the Kubernetes
 # libraries for the KEDA contract stage, so both stages compile the same package versions with
 # the same flags and share the Go module and build caches (whichever stage runs first pays for
-# KEDA's dependency tree, which includes every cloud SDK its scalers support).
+# KEDA's dependency tree). Both build KEDA without the scalers this project never configures
+# (tests/keda/trimmed-modfile.sh says which stay and why).
 #
 # Cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}/cluster/keda-<key>/, the key covering
 # tests/keda's go.mod and go.sum, the Go version and the build flags: a second run prints the
@@ -35,7 +36,8 @@ ldflags="-s -w -X=$KEDA_MODULE/version.Version=${KEDA_VERSION#v}"
 # No -trimpath: the build cache keys every compiled package on it and tests/keda/run.sh builds
 # without it, so with it KEDA's whole dependency tree would be compiled a second time (some ten
 # CPU minutes and gigabytes of cache) instead of being shared with the contract stage.
-flags=("-ldflags=$ldflags")
+modfile="$(bash "$module/trimmed-modfile.sh")"
+flags=("-ldflags=$ldflags" "-modfile=$modfile")
 cgo="$(go env CGO_ENABLED)"
 layout=2 # bump when the folder's contents change
 
@@ -61,7 +63,7 @@ if [ ! -x "$out/keda-operator" ]; then
   # The install manifests travel with the binaries: the stage runs without network access, and
   # they must match the code that needs them (the operator's RBAC comes from its kubebuilder
   # markers). The module cache is read-only: copy, then make the copy removable.
-  moddir="$(cd "$module" && go list -m -f '{{.Dir}}' "$KEDA_MODULE")"
+  moddir="$(cd "$module" && go list -modfile="$modfile" -m -f '{{.Dir}}' "$KEDA_MODULE")"
   cp -R "$moddir/config" "$tmp/keda-config"
   chmod -R u+w "$tmp/keda-config"
   echo "built KEDA $KEDA_VERSION in $((SECONDS - start)) s" >&2
