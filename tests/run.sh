@@ -152,21 +152,14 @@ prefetch_start=$SECONDS
 prefetch_log="$(mktemp)"
 in_background "$prefetch_log" bash tests/lib/prefetch.sh "${chosen[@]}"
 prefetch_pid=$background_pid
-# await_background PID LOG WHAT [NOTE]: waits for a background session, prints its log and NOTE
-# (evaluated after the wait), and fails naming WHAT when the session did.
-await_background() {
-  local status=0
-  wait "$1" || status=$?
-  cat "$2"
-  [ -z "${4:-}" ] || eval "echo \"$4\""
-  [ "$status" -eq 0 ] || { echo "$3 failed (exit $status)" >&2; return 1; }
-}
 await_prefetch() {
   [ -n "$prefetch_pid" ] || return 0
-  local pid=$prefetch_pid waited=$SECONDS
+  local status=0 waited=$SECONDS
+  wait "$prefetch_pid" || status=$?
   prefetch_pid=
-  await_background "$pid" "$prefetch_log" "fetching ahead" \
-    'prefetch: done $((SECONDS - prefetch_start)) s after the start; waited $((SECONDS - waited)) s for it'
+  cat "$prefetch_log"
+  echo "prefetch: done $((SECONDS - prefetch_start)) s after the start; waited $((SECONDS - waited)) s for it"
+  [ "$status" -eq 0 ] || { echo "fetching ahead failed (exit $status)" >&2; return 1; }
 }
 # The compatibility matrix's venvs (downloads, a minute or two each when not cached), likewise.
 if want compat; then
@@ -217,9 +210,11 @@ stage_e2e() {
 }
 stage_compat() {
   step "compatibility matrix: ${compat_pairs[*]:-every pair}"
-  local pid=$compat_venvs_pid
+  local status=0
+  wait "$compat_venvs_pid" || status=$?
   compat_venvs_pid=
-  await_background "$pid" "$compat_venvs_log" "building the compatibility matrix's venvs"
+  cat "$compat_venvs_log"
+  [ "$status" -eq 0 ] || { echo "building the compatibility matrix's venvs failed (exit $status)" >&2; return 1; }
   bash tests/compat/run.sh "${compat_pairs[@]}"
 }
 stage_keda() {
@@ -236,10 +231,12 @@ stage_docker() {
 }
 stage_cluster() {
   step "cluster: the chart on a real control plane with KEDA, Prometheus and prometheus-adapter"
-  local pid=$cluster_pid waited=$SECONDS
+  local status=0 waited=$SECONDS
+  wait "$cluster_pid" || status=$?
   cluster_pid=
-  await_background "$pid" "$cluster_log" "the cluster stage" \
-    'cluster stage: ran beside the stages before it for $((waited - cluster_started)) s, then alone for $((SECONDS - waited)) s'
+  cat "$cluster_log"
+  echo "cluster stage: ran beside the stages before it for $((waited - cluster_started)) s, then alone for $((SECONDS - waited)) s"
+  [ "$status" -eq 0 ] || { echo "the cluster stage failed (exit $status)" >&2; return 1; }
 }
 
 if ! want rust; then
