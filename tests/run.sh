@@ -24,9 +24,7 @@
 # An unknown stage name exits 2 and lists the valid ones.
 #
 # What the later stages download is fetched in the background while the Rust stage compiles
-# (tests/lib/prefetch.sh); the cluster stage builds what it needs in the background from the
-# start, and runs beside the light stages that come after the e2e stage (compat, keda, demo,
-# docker), so its table row counts from its own start.
+# (tests/lib/prefetch.sh), and the cluster stage's Go builds run beside the stages.
 # Slow things are cached under ${ASTRO_CACHE_DIR:-$HOME/.cache/astro-agent}, keyed by
 # version; without the cache the same run only takes longer.
 set -euo pipefail
@@ -68,11 +66,10 @@ print_times() {
   done
   printf '  %-22s %s\n' total "$(minutes $((SECONDS - run_start)))"
 }
-# timed NAME COMMAND...: runs COMMAND and records its wall time under NAME; from $since when
-# that is set (a stage that started in the background).
+# timed NAME COMMAND...: runs COMMAND and records its wall time under NAME.
 timed() {
   current_stage="$1"
-  current_start=${since:-$SECONDS}
+  current_start=$SECONDS
   shift
   "$@"
   timed_names+=("$current_stage")
@@ -97,27 +94,21 @@ in_background() {
   background_pid=$!
 }
 
-# ---- the cluster stage, in the background ------------------------------------------------------
-# Its Go builds — the control plane, KEDA, Prometheus and prometheus-adapter, about 25 min of CPU
-# when nothing is cached — start now, in a session of their own (see in_background): they share
-# the CPU with the Rust stage and take what the later stages leave idle (sleeping tasks, waiting
-# daemons). The stage itself waits for a word (cluster_go): after the e2e stage, when only the
-# light stages (compat, keda, demo, docker: one Airflow each, mostly waiting) are left, it runs
-# beside them, and the run ends with it. Its scenarios are mostly waiting too (KEDA's and the
-# HPA's windows, task durations: the machine was 60 % busy during the stage on its own).
-cluster_pid=
-cluster_log=
-cluster_fifo=
-cluster_started=
+# ---- the cluster stage's Go builds, in the background -----------------------------------------
+# The control plane, KEDA, Prometheus and prometheus-adapter (about 25 min of CPU when nothing is
+# cached) start now, in their own session (see in_background): they share the CPU with the Rust
+# stage and take what the later stages leave idle (sleeping tasks, waiting daemons), and are done
+# or nearly so when the cluster stage, the last, needs them.
+cluster_build_pid=
+cluster_build_log=
 compat_venvs_pid=
 compat_venvs_log=
 prefetch_pid=
 prefetch_log=
 on_exit() {
   print_times
-  [ -z "$cluster_pid" ] || kill -- -"$cluster_pid" 2>/dev/null || true
-  [ -z "$cluster_log" ] || rm -f "$cluster_log"
-  [ -z "$cluster_fifo" ] || rm -rf "$(dirname "$cluster_fifo")"
+  [ -z "$cluster_build_pid" ] || kill -- -"$cluster_build_pid" 2>/dev/null || true
+  [ -z "$cluster_build_log" ] || rm -f "$cluster_build_log"
   [ -z "$compat_venvs_pid" ] || kill -- -"$compat_venvs_pid" 2>/dev/null || true
   [ -z "$compat_venvs_log" ] || rm -f "$compat_venvs_log"
   [ -z "$prefetch_pid" ] || kill -- -"$prefetch_pid" 2>/dev/null || true
@@ -126,26 +117,11 @@ on_exit() {
 trap on_exit EXIT
 
 timed prerequisites bash tests/lib/prerequisites.sh go curl
-# The binaries every later stage tests (none of them skips for want of a build).
-export ASTRO_AGENT_BIN="$ASTRO_RELEASE_DIR/astro-agent"
-export ASTRO_SENTINEL_BIN="$ASTRO_RELEASE_DIR/astro-sentinel"
 if want cluster; then
-  cluster_log="$(mktemp)"
-  cluster_fifo="$(mktemp -d)/go"
-  mkfifo "$cluster_fifo"
-  # Held open for reading and writing: the word is written without waiting for the reader,
-  # which may still be building.
-  exec {cluster_fifo_fd}<>"$cluster_fifo"
-  in_background "$cluster_log" bash tests/cluster/when-told.sh "$cluster_fifo"
-  cluster_pid=$background_pid
+  cluster_build_log="$(mktemp)"
+  in_background "$cluster_build_log" bash tests/cluster/build.sh
+  cluster_build_pid=$background_pid
 fi
-# cluster_go: the cluster stage starts (once its builds are done) beside whatever comes next.
-cluster_go() {
-  [ -n "$cluster_pid" ] && [ -z "$cluster_started" ] || return 0
-  step "cluster stage: started in the background (its output comes when it ends)"
-  echo go >&"$cluster_fifo_fd"
-  cluster_started=$SECONDS
-}
 # What the stages after the Rust one download (Debian's packages, venvs, Go modules, helm),
 # fetched while the Rust stage compiles; every later stage first waits for it (await_prefetch).
 prefetch_start=$SECONDS
@@ -167,6 +143,10 @@ if want compat; then
   in_background "$compat_venvs_log" bash tests/compat/run.sh --venvs "${compat_pairs[@]}"
   compat_venvs_pid=$background_pid
 fi
+
+# The binaries every later stage tests (none of them skips for want of a build).
+export ASTRO_AGENT_BIN="$ASTRO_RELEASE_DIR/astro-agent"
+export ASTRO_SENTINEL_BIN="$ASTRO_RELEASE_DIR/astro-sentinel"
 
 # ---- the stages -------------------------------------------------------------------------------
 stage_rust() {
@@ -231,12 +211,13 @@ stage_docker() {
 }
 stage_cluster() {
   step "cluster: the chart on a real control plane with KEDA, Prometheus and prometheus-adapter"
-  local status=0 waited=$SECONDS
-  wait "$cluster_pid" || status=$?
-  cluster_pid=
-  cat "$cluster_log"
-  echo "cluster stage: ran beside the stages before it for $((waited - cluster_started)) s, then alone for $((SECONDS - waited)) s"
-  [ "$status" -eq 0 ] || { echo "the cluster stage failed (exit $status)" >&2; return 1; }
+  local build_status=0 waited=$SECONDS
+  wait "$cluster_build_pid" || build_status=$?
+  cluster_build_pid=
+  cat "$cluster_build_log"
+  echo "waited $((SECONDS - waited)) s for the cluster builds"
+  [ "$build_status" -eq 0 ] || { echo "the cluster stage's builds failed (exit $build_status)" >&2; return 1; }
+  bash tests/cluster/run.sh
 }
 
 if ! want rust; then
@@ -245,11 +226,5 @@ fi
 for name in "${stages[@]}"; do
   want "$name" || continue
   [ "$name" = rust ] || [ -z "$prefetch_pid" ] || timed "prefetch (waited)" await_prefetch
-  case "$name" in compat | keda | demo | docker) cluster_go ;; esac
-  if [ "$name" = cluster ]; then
-    cluster_go
-    since=$cluster_started timed "cluster (background)" stage_cluster
-  else
-    timed "$name" "stage_$name"
-  fi
+  timed "$name" "stage_$name"
 done
