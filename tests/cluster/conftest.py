@@ -11,7 +11,8 @@ The scenarios run side by side (pytest-xdist), each in its own namespace and rel
 fixtures start their own. Each test file runs in one process, in the order of ``FIRST`` (the
 longest first) and then by name; files that share cluster-wide state run in one process, one
 after the other (``TOGETHER``). Scenarios marked ``alone`` (they stop the API server or KEDA,
-which every scenario shares) run after all the others, one after another (``run.sh``).
+which every scenario shares) run one after another on an instance of the infrastructure of their
+own, at the same time as the others (``run.sh``).
 
 Session fixtures (in ``infra/stage.py``), each stopped by PID at the end (also on failure) by
 whoever started it:
@@ -69,8 +70,8 @@ STATE = os.environ.get("ASTRO_CLUSTER_STATE")
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "alone: breaks what every scenario shares (the API server, KEDA); run.sh runs these after "
-                   "the others, one after another")
+        "markers", "alone: breaks what every scenario shares (the API server, KEDA); run.sh runs these one "
+                   "after another on infrastructure of their own")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -29,6 +29,7 @@ import pytest
 from harness.procs import Daemon, wait_for
 
 from standin import ApiError, KubeApi, container_log_path, lifecycle_log_path
+from standin.sandbox import MountPoints
 
 HERE = Path(__file__).resolve().parent
 
@@ -789,3 +790,50 @@ def test_a_pod_marked_not_ready_by_the_control_plane_is_set_ready_again(standin,
         patch="strategic")
     assert [c["status"] for c in marked["status"]["conditions"] if c["type"] == "Ready"] == ["False"]
     wait_for(lambda: ready() == "True", 30, "the stand-in setting steady Ready again")
+
+
+# A second stand-in on the same machine, as far as mount points go: claims TARGET for a Pod of its
+# own, says so, and drops the claim when told (or is killed holding it).
+OTHER_STAND_IN = """
+import sys
+from pathlib import Path
+from standin.sandbox import MountPoints
+points = MountPoints(Path(sys.argv[1]))
+points.acquire("pod-b", Path(sys.argv[2]), False)
+print("acquired", flush=True)
+if sys.stdin.readline() == "release\\n":
+    points.release("pod-b")
+    print("released", flush=True)
+"""
+
+
+def test_a_mount_point_stays_while_a_pod_of_any_stand_in_uses_it(tmp_path):
+    """Removing a mount point detaches it in every mount namespace: a path one stand-in made for its
+    Pod stays while a Pod of another stand-in on the machine (the stage runs two instances of its
+    infrastructure at once) uses it, and goes when the last user is done or gone."""
+    registry, host = tmp_path / "registry", tmp_path / "host"
+    target = host / "etc" / "app" / "config"
+
+    def other_stand_in() -> subprocess.Popen:
+        other = subprocess.Popen([sys.executable, "-c", OTHER_STAND_IN, str(registry), str(target)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+        assert other.stdout.readline() == "acquired\n"
+        return other
+
+    mine = MountPoints(registry)
+    mine.acquire("pod-a", target, is_file=False)
+    other = other_stand_in()
+    mine.release("pod-a")
+    assert target.is_dir(), "removed while a Pod of the other stand-in uses it"
+    other.stdin.write("release\n")
+    other.stdin.flush()
+    assert other.stdout.readline() == "released\n"
+    assert other.wait(timeout=10) == 0
+    assert not host.exists(), "the last user released it; the made folders stay behind"
+
+    mine.acquire("pod-a", target, is_file=False)
+    other = other_stand_in()
+    other.kill()
+    other.wait(timeout=10)
+    mine.release("pod-a")
+    assert not host.exists(), "the claim of a stand-in that is gone still holds the mount point"

@@ -93,8 +93,9 @@ for i in "${!pids[@]}"; do
 done
 [ "$failed" -eq 0 ] || exit 1
 
-# Debian's Prometheus (e2e), unpacked into the cache by the harness, after the venvs it runs in.
-if any e2e; then
+# Debian's Prometheus (e2e, cluster), unpacked into the cache by the harness, after the venvs it
+# runs in.
+if any e2e cluster; then
   prometheus() {
     PYTHONPATH="$root/tests/lib" "$(bash tests/lib/venvs.sh tools)/bin/python" \
       -c 'from harness.prometheus_server import binaries; binaries()'

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -96,15 +100,29 @@ class MountPoints:
     """Creates on the host the mount points containers need that the host lacks, and removes them
     when no Pod uses them any more. Containers see the host's filesystem, so a mountPath like
     /etc/app/config needs a directory there (a runtime would create it in the image's root).
-    Only this process's Pods are counted: two stand-ins on one machine must not share mountPaths
-    that the host lacks (removing a mount point detaches it in every mount namespace)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users: dict[Path, set[str]] = {}
+    Removing a mount point detaches it in every mount namespace, so the claims of every stand-in
+    on the machine (the cluster stage runs two at once, one per instance of its infrastructure)
+    are kept in one registry under ``registry``, changed under a file lock: a path made for a Pod
+    of one stand-in stays while a Pod of any stand-in uses it. Each made path has an entry there
+    (a folder holding the path and one file per claim, ``<stand-in PID>.<Pod UID>``); the claims
+    of a stand-in that is gone (killed) do not count."""
+
+    def __init__(self, registry: Path = Path("/run/astro-standin/mount-points")) -> None:
+        self._registry = registry
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._registry.mkdir(parents=True, exist_ok=True)
+        with open(self._registry / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _entry(self, path: Path) -> Path:
+        return self._registry / hashlib.sha256(str(path).encode()).hexdigest()[:32]
 
     def acquire(self, owner: str, target: Path, is_file: bool) -> None:
-        with self._lock:
+        with self._locked():
             missing: list[Path] = []
             path = target
             while not os.path.lexists(path):
@@ -115,24 +133,46 @@ class MountPoints:
                     path.touch()
                 else:
                     path.mkdir()
-                self._users[path] = set()
+                entry = self._entry(path)
+                entry.mkdir(exist_ok=True)
+                (entry / "path").write_text(str(path))
             for path in [target, *target.parents]:
-                if path in self._users:
-                    self._users[path].add(owner)
+                entry = self._entry(path)
+                if entry.is_dir():
+                    (entry / f"{os.getpid()}.{owner}").touch()
 
     def release(self, owner: str | None = None) -> None:
-        """Drop one owner's claims (all claims when ``owner`` is None); remove what is unused."""
-        with self._lock:
-            for path in sorted(self._users, key=lambda p: -len(p.parts)):
-                users = self._users[path]
-                users.discard(owner) if owner else users.clear()
-                if users:
+        """Drop one owner's claims (all of this stand-in's when ``owner`` is None); remove what no
+        stand-in uses."""
+        mine = f"{os.getpid()}.{owner}" if owner else f"{os.getpid()}."
+        with self._locked():
+            entries = [(Path((e / "path").read_text()), e) for e in self._registry.iterdir()
+                       if e.is_dir() and (e / "path").is_file()]
+            for path, entry in sorted(entries, key=lambda pe: -len(pe[0].parts)):
+                claims = [c for c in entry.iterdir() if c.name != "path"]
+                for claim in claims:
+                    if (claim.name == mine if owner else claim.name.startswith(mine)) or not _alive(claim.name):
+                        claim.unlink()
+                if any(c.name != "path" for c in entry.iterdir()):
                     continue
-                del self._users[path]
                 try:
                     path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+                except FileNotFoundError:
+                    pass
                 except OSError as e:
                     log.warning("could not remove mount point %s: %s", path, e)
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(claim: str) -> bool:
+    """Whether the stand-in that made a claim (``<PID>.<Pod UID>``) still runs."""
+    try:
+        os.kill(int(claim.split(".", 1)[0]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
 
 
 def write_atomically(target: Path, payload: dict[str, tuple[bytes, int]]) -> bool:
