@@ -190,5 +190,18 @@ def test_airflow_admin_actions_reach_the_agent(airflow, trigger_dag, astro_agent
     assert client.wait_run("e2e_mapped_4", run, timeout=600) == "success"
 
     client.request_shutdown(name)
-    assert agent.wait(timeout=60) == 0
+
+    # Airflow's heartbeat handler reads the worker's row and then writes the state it derives from
+    # it: a heartbeat in flight while the request is stored overwrites it with idle or running
+    # (lost in the UI too; a user would ask again). Ask again only then: an agent that ignored a
+    # stored request would leave "shutdown request" in place, and fail this wait.
+    def exited() -> bool:
+        if not agent.daemon.alive():
+            return True
+        if client.edge_worker(name)["state"] in ("idle", "running"):
+            client.request_shutdown(name)
+        return False
+
+    wait_for(exited, 60, "the agent to exit on Airflow's shutdown request", interval=1, on_timeout=agent.log)
+    assert agent.wait(timeout=5) == 0
     assert client.edge_worker(name)["state"] == "offline"
