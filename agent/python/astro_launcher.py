@@ -1,17 +1,23 @@
 """astro-agent's pre-forked task launcher.
 
-The agent starts this file once with the Python that runs tasks. It imports Airflow's task SDK
-supervisor code up front (the slow part of starting a task), then for every job the task host
-sends it forks a process that runs the task exactly as
+The agent's task host starts this script once with the Python that runs tasks. It imports
+Airflow's task SDK supervisor code up front (the slow part of starting a task), then for every
+job the task host sends it forks a process that runs the task exactly as
 ``python -m airflow.sdk.execution_time.execute_workload --json-path FILE`` would — except that
 the supervisor notices the end of its task without waiting for its next heartbeat (see
 ``_wake_selects_on_child_exit``).
 
-Usage: ``python astro_launcher.py [SPARES]`` (the most spares it keeps; default 1), started by
-the agent's task host; or ``python astro_launcher.py --one`` for one task in a fresh interpreter
-(its stdin is a socket: it writes one byte once it is not dumpable, then reads its request).
+Usage: ``python -c SOURCE astro-launcher [SPARES]`` (the most spares it keeps; default 1),
+started by the agent's task host; or ``python -c SOURCE astro-launcher --one`` for one task in a
+fresh interpreter (it writes one byte once it is not dumpable, then reads its request). The
+source travels in argv, never in a file: tasks run as the task host's user and could rewrite a
+file, or drop a module beside it that Python would import first; argv is fixed at exec. For the
+same reason the current folder, which ``-c`` puts first on ``sys.path``, is taken off it before
+anything is imported (see the first lines below).
 
-Protocol (stdin/stdout of this process): each message is a 4-byte big-endian length followed by
+Protocol (stdin/stdout of this process, both one end of a Unix socket pair: unlike a pipe, a
+socket cannot be opened again through ``/proc/<pid>/fd`` by a task that is quick enough to catch
+this process before it is not dumpable): each message is a 4-byte big-endian length followed by
 that many bytes of JSON.
   launcher -> host, once:   {"type": "ready"}
   launcher -> host:         {"type": "spare", "pid": <pid>}   as soon as that process exists
@@ -41,7 +47,14 @@ without running, so no job runs twice. A task dies with the task host (``PR_SET_
 whose end is the end of the tasks it reports on.
 """
 
-import collections
+import sys
+
+# ``-c`` put the current folder first on sys.path, where a task (same user) may have dropped a
+# module named like one imported below: off it goes before the first import from the path.
+if __name__ == "__main__" and not getattr(sys.flags, "safe_path", False):
+    del sys.path[0]
+
+import collections  # noqa: E402 - after the path is safe
 import ctypes
 import gc
 import importlib
@@ -52,7 +65,6 @@ import selectors
 import signal
 import socket
 import struct
-import sys
 import time
 import traceback
 
@@ -434,10 +446,11 @@ def run_one():
 
 
 def main():
-    if sys.argv[1:] == ["--one"]:
+    args = sys.argv[2:]  # after "-c" and the name "astro-launcher"
+    if args == ["--one"]:
         run_one()
     _make_undumpable()
-    spare_count = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    spare_count = int(args[0]) if args else 1
     # The task host owns our lifetime (we exit when it closes stdin); terminal signals are not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -64,6 +64,7 @@ DAG = "docker_canary_hunt"
 SQUAT_DAG, AFTER_SQUAT_DAG = "docker_socket_squat", "docker_after_squat"
 SIGNAL_DAG = "docker_signal_pid1"
 LEAVE_BEHIND_DAG = "docker_leave_behind"
+HIJACK_DAG = "docker_launcher_hijack"
 TASKS = ("hunt_a", "hunt_b")
 QUEUE = "pod"
 DAGS = Path(__file__).resolve().parent / "dags"
@@ -317,11 +318,10 @@ def test_the_hunt_finds_a_secret_mounted_into_the_tasks_container(podman, agent_
 
 
 @contextlib.contextmanager
-def attacked_pod(podman, airflow: AirflowStack, folder: Path):
-    """A started worker pod (prefork) and ``trigger(dag, conf)``, which starts a run on it and
-    returns ``(dag, run id)``. Afterwards every run triggered is made harmless and the pod
-    removed."""
-    pod = WorkerPod(podman, airflow, f"pod-{folder.name}", folder / "pod", "prefork", _canaries(airflow))
+def attacked_pod(podman, airflow: AirflowStack, folder: Path, mode: str = "prefork"):
+    """A started worker pod and ``trigger(dag, conf)``, which starts a run on it and returns
+    ``(dag, run id)``. Afterwards every run triggered is made harmless and the pod removed."""
+    pod = WorkerPod(podman, airflow, f"pod-{folder.name}", folder / "pod", mode, _canaries(airflow))
     runs = []
 
     def trigger(dag: str, conf: dict | None = None) -> tuple[str, str]:
@@ -407,6 +407,36 @@ def test_what_a_task_leaves_behind_ends_with_it(podman, agent_image, tasks_image
         wait_for(daemon_gone, 60, f"the daemon (pid {daemon} in the tasks container) to end",
                  interval=1, on_timeout=pod.all_logs)
         assert "ending a process a task left behind" in pod.whole_log(pod.tasks), pod.all_logs()
+
+
+@pytest.mark.parametrize("mode", ["prefork", "fresh"])
+def test_a_task_cannot_hijack_the_launcher_of_the_next_tasks(podman, agent_image, tasks_image, airflow, tmp_path,
+                                                             mode):
+    """A task that acts (dags/docker_launcher_hijack.py): it plants a ``json`` module where the
+    launcher's Python would look first, kills the pre-forked launcher and opens the new one's
+    stdin again through /proc, all as the task host's user. Were the launcher's script a file in
+    a folder the tasks can write, run with that folder (or the current one) first on the path,
+    or its requests sent through a pipe, the next task's workload with its Execution API token
+    would reach the attacker. The launcher's source travels in argv, the current folder is off
+    the path, and its requests travel on a socket: nothing is captured, and the next task runs."""
+    with attacked_pod(podman, airflow, tmp_path, mode) as (pod, trigger):
+        run = trigger(HIJACK_DAG, {"log_folder": LOG_FOLDER})
+        try:
+            state = airflow.client.wait_run(*run, timeout=300)
+        except TimeoutError:
+            state = "not finished within 300 s"
+        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(*run)}
+        said = airflow.client.task_log_text(*run, "hijack")
+        print("\n".join(line for line in said.splitlines() if "astro-launcher-hijack:" in line))
+        capture = pod.logs / "hijack-capture"
+        captured = capture.read_bytes() if capture.exists() else b""
+        assert captured == b"", f"the hijacker received {len(captured)} bytes:\n{captured[:3000]!r}"
+        assert state == "success", f"{tis}\n{pod.all_logs()}"
+        assert "astro-launcher-hijack: planted /opt/airflow/json.py" in said, said[-3000:]
+        if mode == "prefork":
+            # The attack's premise held: the launcher was found, killed and started again.
+            assert "astro-launcher-hijack: killed launcher" in said, said[-3000:]
+            assert "task launcher exited" in pod.whole_log(pod.tasks), pod.all_logs()
 
 
 def _is_agent(argv: list[str]) -> bool:

@@ -140,11 +140,12 @@ def test_a_launcher_killed_mid_run_loses_no_task(airflow, trigger_dag, astro_age
 
 def test_a_launcher_that_cannot_start_falls_back_to_fresh_interpreters(airflow, trigger_dag, astro_agent, tmp_path):
     # A "python" that refuses to run the launcher script as the launcher, and runs everything
-    # else (a fresh interpreter runs the script too, for one task: `--one`).
+    # else (a fresh interpreter runs the script too, for one task: `--one`). The script comes
+    # as `-c SOURCE astro-launcher ARG`.
     python = tmp_path / "python"
     python.write_text(
         "#!/bin/sh\n"
-        'case "$1 $2" in *astro_launcher.py\\ --one) ;; *astro_launcher.py*) echo "launcher refused by the test" >&2; exit 1;; esac\n'
+        'case "$1 $3 $4" in "-c astro-launcher --one") ;; "-c astro-launcher "*) echo "launcher refused by the test" >&2; exit 1;; esac\n'
         f'exec {airflow.python} "$@"\n'
     )
     python.chmod(0o755)

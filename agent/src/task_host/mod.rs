@@ -14,6 +14,7 @@
 mod flags;
 mod host;
 mod launcher_protocol;
+mod launcher_script;
 mod leftovers;
 mod listener;
 mod prefork_launcher;

@@ -12,18 +12,21 @@
 //! (its launcher died) does not stay a zombie.
 
 use super::launcher_protocol::{LaunchRequest, LauncherMessage};
+use super::launcher_script;
 use super::reaper::Reaper;
 use crate::frames::{self, Reader, Writer};
 use airflow::backoff::Backoff;
 use futures_util::FutureExt;
 use nix::sys::signal::Signal;
 use std::ffi::OsString;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::process::{ChildStdin, ChildStdout};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
 use tokio::sync::{oneshot, watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -49,7 +52,6 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 
 pub struct PreforkLauncher {
     python: PathBuf,
-    script: PathBuf,
     env: Vec<(OsString, OsString)>,
     reaper: &'static Reaper,
     /// How many spares the launcher keeps: as many as tasks may start at once (the slots).
@@ -63,8 +65,9 @@ pub struct PreforkLauncher {
 /// A running launcher that has said it is ready.
 struct Launcher {
     pid: i32,
-    requests: Writer<ChildStdin>,
-    replies: Reader<ChildStdout>,
+    /// Closing it (a shutdown of our sending side) ends the launcher.
+    requests: Writer<OwnedWriteHalf>,
+    replies: Reader<OwnedReadHalf>,
 }
 
 /// Why the launcher did not start a task (it then starts in a fresh interpreter).
@@ -84,17 +87,14 @@ pub enum LaunchError {
 }
 
 impl PreforkLauncher {
-    /// `script` is the launcher's source, written out by the spawner.
     pub fn new(
         python: &Path,
-        script: &Path,
         env: Vec<(OsString, OsString)>,
         reaper: &'static Reaper,
         slots: u32,
     ) -> Arc<Self> {
         Arc::new(PreforkLauncher {
             python: python.to_path_buf(),
-            script: script.to_path_buf(),
             env,
             reaper,
             spares: (slots as usize).clamp(1, MAX_SPARES),
@@ -122,7 +122,8 @@ impl PreforkLauncher {
                             }
                             _ = idle_reads.tick() => self.read_announcements().await,
                             _ = stop.cancelled() => {
-                                // Closing its stdin ends it; running tasks are not its children.
+                                // Closing our end ends it (its stdin reads end of file); running
+                                // tasks are not its children.
                                 drop(self.ready.lock().await.take());
                                 if tokio::time::timeout(STOP_GRACE, exit).await.is_err() {
                                     self.reaper.signal(pid, Signal::SIGKILL);
@@ -151,23 +152,28 @@ impl PreforkLauncher {
     /// Starts a launcher and waits until it is ready; its pid, and its exit status on the
     /// receiver.
     async fn start(&self) -> std::io::Result<(i32, oneshot::Receiver<ExitStatus>)> {
-        let (mut child, exit) = self.reaper.spawn(
-            Command::new(&self.python)
-                .arg(&self.script)
-                .arg(self.spares.to_string())
+        // Its stdin and stdout are one end of a socket pair, not pipes: a task (same user) that
+        // catches a new launcher before it is not dumpable could open a pipe again through
+        // `/proc/<pid>/fd` and read the requests, workloads and tokens included; a socket
+        // cannot be opened that way.
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let (child, exit) = self.reaper.spawn(
+            launcher_script::command(&self.python, self.spares.to_string())
                 .env_clear()
                 .envs(self.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
+                .stdin(Stdio::from(OwnedFd::from(theirs.try_clone()?)))
+                .stdout(Stdio::from(OwnedFd::from(theirs)))
                 .stderr(Stdio::inherit())
                 // Its own group: a Ctrl-C in the agent's terminal is the agent's to handle.
                 .process_group(0),
         )?;
         let pid = child.id() as i32;
+        ours.set_nonblocking(true)?;
+        let (replies, requests) = UnixStream::from_std(ours)?.into_split();
         let mut launcher = Launcher {
             pid,
-            requests: frames::writer(ChildStdin::from_std(child.stdin.take().expect("piped"))?),
-            replies: frames::reader(ChildStdout::from_std(child.stdout.take().expect("piped"))?),
+            requests: frames::writer(requests),
+            replies: frames::reader(replies),
         };
         match tokio::time::timeout(READY_TIMEOUT, frames::receive(&mut launcher.replies)).await {
             Ok(Ok(LauncherMessage::Ready)) => {}
@@ -211,7 +217,7 @@ impl PreforkLauncher {
     }
 
     /// The next message that is not a spare's announcement; announced spares are waited for.
-    async fn reply(&self, replies: &mut Reader<ChildStdout>) -> std::io::Result<LauncherMessage> {
+    async fn reply(&self, replies: &mut Reader<OwnedReadHalf>) -> std::io::Result<LauncherMessage> {
         loop {
             match frames::receive(replies).await? {
                 // Nobody needs its exit status unless it runs a task, which then watches it
@@ -271,13 +277,14 @@ pub(crate) mod tests {
     use crate::task_host::task_spawner::tests::settings;
     use crate::task_host::task_spawner::TaskSpawner;
     use nix::unistd::Pid;
+    use std::process::Command;
 
     /// What `check` prints, run by python3 with the launcher script importable.
     fn run_script(check: &str) -> String {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("astro_launcher.py"),
-            crate::task_host::task_spawner::SCRIPT,
+            launcher_script::SOURCE,
         )
         .unwrap();
         let (mut child, _exit) = Reaper::global()
@@ -341,7 +348,7 @@ def main():
     args = parser.parse_args()
     w = json.load(open(args.json_path)) if args.json_path else json.loads(args.json_string)
     record = {"pid": os.getpid(), "pgid": os.getpgid(0),
-              "main": os.path.basename(getattr(sys.modules["__main__"], "__file__", "")),
+              "launcher": "astro_launcher" in sys.modules, "path": sys.path,
               "secret": os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET"),
               "hostname": hostname()}
     # The task process, forked by the supervisor: it names its host too, then starts user code,
@@ -493,6 +500,13 @@ if __name__ == "__main__":
         }
     }
 
+    /// A task's Python searches PYTHONPATH first: not the current folder (where a task may drop
+    /// a module), nor a folder the launcher's source was written to.
+    fn first_on_the_path_is_pythonpath(pf: &Prefork, rec: &serde_json::Value) {
+        let pythonpath = pf.dir.path().join("pythonpath");
+        assert_eq!(rec["path"][0], pythonpath.to_str().unwrap(), "{rec}");
+    }
+
     /// Waits until a launcher takes requests; its pid.
     pub(crate) async fn ready(launcher: &PreforkLauncher) -> i32 {
         tokio::time::timeout(Duration::from_secs(30), async {
@@ -535,10 +549,8 @@ if __name__ == "__main__":
         };
         assert!(status.success());
         let rec = pf.record("ok");
-        assert_eq!(
-            rec["main"], "astro_launcher.py",
-            "forked from the launcher: {rec}"
-        );
+        assert_eq!(rec["launcher"], true, "forked from the launcher: {rec}");
+        first_on_the_path_is_pythonpath(&pf, &rec);
         assert_eq!(rec["pid"], rec["pgid"], "its own process group");
         assert_eq!(rec["pid"].as_i64(), Some(p.pid() as i64));
         assert_eq!(
@@ -606,7 +618,7 @@ if __name__ == "__main__":
         .expect("a new launcher is started");
         let (_, status) = pf.run("after", 0.0, 0).await;
         assert!(status.success());
-        assert_eq!(pf.record("after")["main"], "astro_launcher.py");
+        assert_eq!(pf.record("after")["launcher"], true);
     }
 
     /// The parent of a live process, from `/proc/<pid>/stat` (field 4, after the name).
@@ -704,7 +716,9 @@ if __name__ == "__main__":
         assert!(status.success());
         assert_eq!(p.launched_by(), LaunchMode::Fresh);
         // A fresh interpreter runs the launcher script for its one task.
-        assert_eq!(pf.record("fallback")["main"], "astro_launcher.py");
+        let rec = pf.record("fallback");
+        assert_eq!(rec["launcher"], true, "{rec}");
+        first_on_the_path_is_pythonpath(&pf, &rec);
     }
 
     #[tokio::test]

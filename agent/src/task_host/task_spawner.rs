@@ -3,8 +3,9 @@
 //! The task runs in Airflow's own supervisor (`airflow.sdk.execution_time.execute_workload`),
 //! in a process group of its own so that a stop reaches the supervisor and the task it forked.
 //! Both ways to start it ([`LaunchMode`]) go through the launcher script
-//! (`agent/python/astro_launcher.py`): a fork of the pre-forked launcher, which has Airflow
-//! imported already, or a fresh interpreter running the script for one task — the fallback
+//! (`agent/python/astro_launcher.py`, run as in [`launcher_script`]): a fork of the pre-forked
+//! launcher, which has Airflow imported already, or a fresh interpreter running the script for
+//! one task — the fallback
 //! whenever the launcher cannot start a task. The workload (it holds the task's Execution API
 //! token) travels in the request, never in a file or argv: the tasks run as the same user, and
 //! every process the request passes through makes itself non-dumpable first, so no other task
@@ -13,6 +14,7 @@
 //! ways: whoever creates it first runs the task.
 
 use super::launcher_protocol::LaunchRequest;
+use super::launcher_script;
 use super::prefork_launcher::PreforkLauncher;
 use super::reaper::Reaper;
 use super::task_process::TaskProcess;
@@ -20,26 +22,21 @@ use crate::config::LaunchMode;
 use crate::frames;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
-/// The launcher's source, written into the work directory at start-up, so the agent binary
-/// is all there is to install.
-pub(super) const SCRIPT: &str = include_str!("../../python/astro_launcher.py");
 /// How long a fresh interpreter may take to start and say it is ready for its request.
 const FRESH_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Everything needed to start task processes, computed once.
 pub struct TaskSpawner {
     python: PathBuf,
-    script: PathBuf,
     /// Removed with everything in it when the spawner is dropped.
     work_dir: tempfile::TempDir,
     env: Vec<(OsString, OsString)>,
@@ -80,12 +77,6 @@ impl TaskSpawner {
             .prefix("astro-agent-")
             .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(work_dir_in)?;
-        let script = work_dir.path().join("astro_launcher.py");
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&script)?
-            .write_all(SCRIPT.as_bytes())?;
         let mut env: Vec<(OsString, OsString)> = inherited_env.collect();
         let set = [
             (
@@ -105,18 +96,13 @@ impl TaskSpawner {
         let reaper = Reaper::global();
         // Forked tasks reach the task host only by re-parenting.
         let prefork = match mode {
-            LaunchMode::Prefork if reaper.is_subreaper() => Some(PreforkLauncher::new(
-                python,
-                &script,
-                env.clone(),
-                reaper,
-                slots,
-            )),
+            LaunchMode::Prefork if reaper.is_subreaper() => {
+                Some(PreforkLauncher::new(python, env.clone(), reaper, slots))
+            }
             _ => None,
         };
         Ok(TaskSpawner {
             python: python.to_path_buf(),
-            script,
             work_dir,
             env,
             reaper,
@@ -179,9 +165,7 @@ impl TaskSpawner {
     ) -> std::io::Result<TaskProcess> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         let (child, exit) = self.reaper.spawn(
-            Command::new(&self.python)
-                .arg(&self.script)
-                .arg("--one")
+            launcher_script::command(&self.python, "--one")
                 .env_clear()
                 .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::from(OwnedFd::from(theirs)))
@@ -350,9 +334,11 @@ pub(crate) mod tests {
         assert!(matches!(exit, Exit::Finished(s) if s.success()));
         let rec =
             |ext: &str| std::fs::read_to_string(dir.path().join(format!("rec.{ext}"))).unwrap();
-        assert_eq!(
-            rec("argv").trim(),
-            format!("{}/astro_launcher.py --one", spawner.work_dir().display())
+        // The launcher's source in argv: no file of it that a task could rewrite.
+        assert!(
+            rec("argv") == format!("-c {} astro-launcher --one\n", launcher_script::SOURCE),
+            "argv: {:.200}",
+            rec("argv")
         );
         let request: serde_json::Value = serde_json::from_str(&rec("request")).unwrap();
         assert_eq!(request["workload"], workload, "{request}");
@@ -378,7 +364,6 @@ pub(crate) mod tests {
         let left: Vec<_> = std::fs::read_dir(spawner.work_dir())
             .unwrap()
             .map(|e| e.unwrap().file_name())
-            .filter(|name| name != "astro_launcher.py")
             .collect();
         assert!(left.is_empty(), "task files are removed: {left:?}");
         let mode = std::fs::metadata(spawner.work_dir())
@@ -423,8 +408,8 @@ pub(crate) mod tests {
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
         assert_eq!(
             std::fs::read_dir(spawner.work_dir()).unwrap().count(),
-            1,
-            "the script only"
+            0,
+            "nothing left behind"
         );
     }
 

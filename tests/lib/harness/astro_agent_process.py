@@ -156,7 +156,8 @@ class AstroAgent:
         task_hosts = {pid for pid, (ppid, cmdline) in processes.items()
                       if ppid == self.daemon.pid and b"task-host" in cmdline}
         return [pid for pid, (ppid, cmdline) in processes.items()
-                if ppid in task_hosts and b"astro_launcher.py" in cmdline and b"--one" not in cmdline]
+                if ppid in task_hosts and cmdline.split(b"\0")[3:4] == [b"astro-launcher"]
+                and b"--one" not in cmdline.split(b"\0")[4:5]]
 
     def send_signal(self, sig: int) -> None:
         self.daemon.send_signal(sig)
