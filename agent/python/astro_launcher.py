@@ -22,7 +22,8 @@ that many bytes of JSON.
   launcher -> host, once:   {"type": "ready"}
   launcher -> host:         {"type": "spare", "pid": <pid>}   as soon as that process exists
                             (see below)
-  host -> launcher:         {"id", "host": <task host pid>, "workload": {...}, "output", "claim"}
+  host -> launcher:         one byte carrying the task's link (SCM_RIGHTS), then
+                            {"id", "host": <task host pid>, "workload": {...}}
   launcher -> host:         {"type": "started", "id", "pid": <task pid>}
                         or  {"type": "failed", "id", "error": "<text>"}
 
@@ -39,12 +40,12 @@ machine is busiest (when tasks end and the next ones start). How many follows de
 (``SpareDemand``): as many as the largest burst of starts in the last few minutes, at most
 SPARES, and none on an idle worker, whose memory they would only take. A spare whose pipe
 closes (the launcher is gone, or it is no longer wanted) exits; the task host waits for it like
-for a task, which is why each is announced. Before running, the task claims the job: it writes
-its pid to a file of its own and links that to ``claim``, which fails if ``claim`` exists, so
-the task host never reads a claim without its pid. If the task host has already claimed the job
-(because the launcher stopped answering and it started the task another way), the task exits
-without running, so no job runs twice. A task dies with the task host (``PR_SET_PDEATHSIG``),
-whose end is the end of the tasks it reports on.
+for a task, which is why each is announced. The task's link to the task host, one end of a
+Unix socket pair, becomes its stdout and stderr; before running, the task claims the job on it:
+it writes its pid and waits for the task host's answer. The task host answers only the task it
+adopts: one whose link closes unanswered (the launcher stopped answering, and the task host
+started the job another way) exits without running, so no job runs twice. A task dies with the
+task host (``PR_SET_PDEATHSIG``), whose end is the end of the tasks it reports on.
 """
 
 import sys
@@ -115,17 +116,15 @@ class SpareDemand:
             self._bursts.popleft()
 
 
-#: Write ends of the spares' job pipes. Only the launcher may hold them: a spare must see its
-#: pipe close when the launcher is gone, so every process forked from the launcher closes them.
+#: The launcher's ends of the spares' job sockets. Only the launcher may hold them: a spare
+#: must see its socket close when the launcher is gone, so every process forked from the
+#: launcher closes them.
 _spare_pipes = []
 
 
 def _close_spare_pipes():
-    for fd in _spare_pipes:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    for hand in _spare_pipes:
+        hand.close()
     _spare_pipes.clear()
 
 
@@ -249,8 +248,10 @@ def task_hostname():
     return os.environ.get("HOSTNAME") or socket.getfqdn()
 
 
-def _run_task(request):
-    """In the task process: become a process group, claim the job, run the supervisor."""
+def _run_task(request, link=None):
+    """In the task process: become a process group, claim the job on ``link`` (the task's link
+    to the task host, a socket; None in a fresh interpreter, whose stdout and stderr it is
+    already, and which the task host started for this one job), run the supervisor."""
     code = 1
     try:
         os.setpgid(0, 0)
@@ -258,18 +259,15 @@ def _run_task(request):
             signal.signal(sig, signal.SIG_DFL)
         if request.get("host"):
             _die_with_host(request["host"])
-        if request.get("claim") and not _claim(request["claim"]):
+        if link is not None and not _claim(link):
             os._exit(0)  # the task host took this job back; it runs elsewhere
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        if request.get("output"):
-            output = os.open(request["output"], os.O_WRONLY | os.O_APPEND)
-            # The task host reads it through its own descriptor: no other task may open it.
-            os.unlink(request["output"])
-            os.dup2(output, 1)
-            os.dup2(output, 2)
-            os.close(output)
+        if link is not None:
+            os.dup2(link, 1)
+            os.dup2(link, 2)
+            os.close(link)
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
@@ -297,21 +295,13 @@ def _run_task(request):
             os._exit(code)
 
 
-def _claim(claim):
-    """Whether this process won ``claim``: created with this pid in it, all at once."""
-    mine = f"{claim}.{os.getpid()}"
-    fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+def _claim(link):
+    """Whether the task host lets this process run the job: it is told this pid, and answers."""
     try:
-        os.write(fd, str(os.getpid()).encode())
-    finally:
-        os.close(fd)
-    try:
-        os.link(mine, claim)
-        return True
-    except FileExistsError:
+        os.write(link, struct.pack(">i", os.getpid()))
+        return os.read(link, 1) == b"!"
+    except OSError:
         return False
-    finally:
-        os.unlink(mine)
 
 
 def _double_fork(body):
@@ -348,49 +338,71 @@ def _double_fork(body):
     return int(b"".join(chunks))
 
 
+def _receive(channel):
+    """The next request on ``channel`` (a socket) and the task's link that comes before it;
+    (None, None) once the channel has closed."""
+    data, links, _, _ = socket.recv_fds(channel, 1, 1)
+    if not data:
+        return None, None
+    request = _read_message(channel.fileno())
+    if not links:
+        raise RuntimeError("a request came without the task's link")
+    return request, links[0]
+
+
+def _send(channel, request, link):
+    """Sends ``request`` with ``link`` on ``channel``, as the task host sends them to us."""
+    socket.send_fds(channel, [b"f"], [link])
+    _write_message(channel.fileno(), request)
+
+
 def _spare(jobs):
-    """In a spare: wait for one job on the ``jobs`` pipe and run it; exit if the pipe closes."""
+    """In a spare: wait for one job on the ``jobs`` socket and run it; exit once it closes."""
     null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)  # the protocol pipes are the launcher's, not ours
+    os.dup2(null, 0)  # the protocol socket is the launcher's, not ours
     os.dup2(null, 1)
     os.close(null)
-    request = _read_message(jobs)
+    try:
+        request, link = _receive(jobs)
+    except (OSError, RuntimeError):
+        os._exit(0)
     if request is None:
         os._exit(0)
-    os.close(jobs)
-    _run_task(request)
+    jobs.close()
+    _run_task(request, link)
 
 
 def _make_spare():
-    """A process waiting for a job, and the pipe that hands it one."""
-    jobs, hand = os.pipe()
+    """A process waiting for a job, and the socket that hands it one."""
+    jobs, hand = socket.socketpair()
 
     def body():
-        os.close(hand)
+        hand.close()
         _spare(jobs)
 
     try:
         pid = _double_fork(body)
     except BaseException:
-        os.close(hand)
+        hand.close()
         raise
     finally:
-        os.close(jobs)
+        jobs.close()
     return pid, hand
 
 
-def _hand_to_spare(spares, request):
-    """Gives ``request`` to a waiting spare; its pid, or None when none could take it."""
+def _hand_to_spare(spares, request, link):
+    """Gives ``request`` and its ``link`` to a waiting spare; its pid, or None when none could
+    take it."""
     while spares:
         pid, hand = spares.pop(0)
         _spare_pipes.remove(hand)
         try:
-            _write_message(hand, request)
+            _send(hand, request, link)
             return pid
         except OSError:
             continue  # it died while waiting (the task host has reaped it): try the next one
         finally:
-            os.close(hand)
+            hand.close()
     return None
 
 
@@ -400,10 +412,10 @@ def _quiet_for(fd, seconds):
 
 
 def _retire_spare(spares):
-    """Lets the newest spare go: its pipe closes, so it exits (and the task host reaps it)."""
+    """Lets the newest spare go: its socket closes, so it exits (and the task host reaps it)."""
     _, hand = spares.pop()
     _spare_pipes.remove(hand)
-    os.close(hand)
+    hand.close()
 
 
 def _warm_up():
@@ -455,6 +467,9 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     requests, replies = 0, 1
+    # Over fd 0 itself, no copy of it: every process forked from here replaces fd 0, and a copy
+    # would reach the tasks, which could then read other tasks' requests.
+    channel = socket.socket(fileno=requests)
     # Keep stray prints of imported modules out of the protocol stream.
     sys.stdout = sys.stderr
     os.register_at_fork(after_in_child=_close_spare_pipes)
@@ -501,18 +516,20 @@ def main():
         # Wake up when demand lapses, to let go of the spares no longer wanted.
         if spares and _quiet_for(requests, demand.seconds_to_next_change()):
             continue
-        request = _read_message(requests)
+        request, link = _receive(channel)
         if request is None:
             return
         demand.started()
         try:
-            pid = _hand_to_spare(spares, request)
+            pid = _hand_to_spare(spares, request, link)
             if pid is None:
-                pid = _double_fork(lambda: _run_task(request))
+                pid = _double_fork(lambda: _run_task(request, link))
             _write_message(replies, {"type": "started", "id": request["id"], "pid": pid})
         except Exception as e:  # noqa: BLE001 - every failure goes back to the task host
             error = f"{type(e).__name__}: {e}"
             _write_message(replies, {"type": "failed", "id": request.get("id"), "error": error})
+        finally:
+            os.close(link)  # the task has its own copy
 
 
 if __name__ == "__main__":

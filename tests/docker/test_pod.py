@@ -65,6 +65,7 @@ SQUAT_DAG, AFTER_SQUAT_DAG = "docker_socket_squat", "docker_after_squat"
 SIGNAL_DAG = "docker_signal_pid1"
 LEAVE_BEHIND_DAG = "docker_leave_behind"
 HIJACK_DAG = "docker_launcher_hijack"
+RACE_DAG = "docker_work_file_race"
 TASKS = ("hunt_a", "hunt_b")
 QUEUE = "pod"
 DAGS = Path(__file__).resolve().parent / "dags"
@@ -437,6 +438,35 @@ def test_a_task_cannot_hijack_the_launcher_of_the_next_tasks(podman, agent_image
             # The attack's premise held: the launcher was found, killed and started again.
             assert "astro-launcher-hijack: killed launcher" in said, said[-3000:]
             assert "task launcher exited" in pod.whole_log(pod.tasks), pod.all_logs()
+
+
+@pytest.mark.parametrize("mode", ["prefork", "fresh"])
+def test_a_task_cannot_open_the_output_of_another_task(podman, agent_image, tasks_image, airflow, tmp_path, mode):
+    """A task that acts (dags/docker_work_file_race.py): for 30 s it opens every other task's
+    output it can find — named files in the task host's work folders before their names go, a
+    new interpreter's stdout through /proc before it is undumpable — while three ordinary tasks
+    run. Airflow 3.0's supervisor prints its workload there, token included. A task's output is
+    one end of a socket pair, with no name and no way to open it again: the attacker opens
+    nothing, and every task runs."""
+    with attacked_pod(podman, airflow, tmp_path, mode) as (pod, trigger):
+        run = trigger(RACE_DAG, {"log_folder": LOG_FOLDER})
+        try:
+            state = airflow.client.wait_run(*run, timeout=300)
+        except TimeoutError:
+            state = "not finished within 300 s"
+        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(*run)}
+        said = airflow.client.task_log_text(*run, "race")
+        line = next((line for line in said.splitlines() if "astro-work-file-race:" in line), "(nothing said)")
+        print(line[:3000])
+        opened_file = pod.logs / "race-opened"
+        opened = json.loads(opened_file.read_text()) if opened_file.exists() else None
+        assert opened == [], f"the racer opened other tasks' output: {opened}\n{line[:3000]}"
+        assert state == "success", f"{tis}\n{pod.all_logs()}"
+        looked = re.search(r"(\d+) scans, .* (\d+) children of PID 1", line)
+        assert looked and int(looked.group(1)) > 1000, line[:3000]
+        if mode == "fresh":
+            # It saw the victims' interpreters (and the pause's) start: each a child of PID 1.
+            assert int(looked.group(2)) >= 4, line[:3000]
 
 
 def _is_agent(argv: list[str]) -> bool:

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// How much of the supervisor's output an exit report carries.
-const OUTPUT_TAIL: u64 = 16 * 1024;
+const OUTPUT_TAIL: usize = 16 * 1024;
 
 pub struct Host {
     /// The task host's own environment: what tasks may inherit, through the allowlist.
@@ -124,7 +124,6 @@ impl Host {
         let spawner = TaskSpawner::new(
             SpawnerSettings {
                 python: &settings.python,
-                work_dir_in: &std::env::temp_dir(),
                 execution_api_url: &settings.execution_api_url,
                 worker_name: &settings.worker_name,
                 log_folder: &settings.log_folder,
@@ -132,8 +131,7 @@ impl Host {
                 slots: settings.slots,
             },
             env.iter().cloned(),
-        )
-        .map_err(|e| format!("creating the private work directory: {e}"))?;
+        );
         let spawner = Arc::new(spawner);
         let stop_launcher = CancellationToken::new();
         // The launcher imports Airflow (about a second, the longest step before a new worker's

@@ -1,9 +1,10 @@
 //! The messages between the task host and its pre-forked Python launcher
 //! (`agent/python/astro_launcher.py`), on the launcher's stdin and stdout, framed as
-//! [`crate::frames`] says.
+//! [`crate::frames`] says. Each request comes after one byte that carries the task's link to
+//! the task host ([`super::task_output`]) as `SCM_RIGHTS`; a fresh interpreter has that link as
+//! its stdout and stderr already, and gets its request alone.
 
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 
 /// Task host → launcher: start the task of `workload` (Airflow's workload, as JSON).
 #[derive(Debug, Serialize)]
@@ -14,12 +15,6 @@ pub struct LaunchRequest<'a> {
     /// In the request, not in a file: a file would be readable by every other task (they run
     /// as the same user), and the request only passes through processes that are not dumpable.
     pub workload: &'a serde_json::Value,
-    /// Where the task's stdout and stderr go; the task removes the name once it has opened it.
-    /// None for a fresh interpreter, which has it as stdout and stderr already.
-    pub output: Option<&'a Path>,
-    /// The file whose creation decides who runs the task (see [`super::task_spawner`]);
-    /// none for a fresh interpreter, which the task host starts for this one task only.
-    pub claim: Option<&'a Path>,
 }
 
 /// Launcher → task host.

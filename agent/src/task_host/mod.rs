@@ -21,6 +21,7 @@ mod prefork_launcher;
 mod reaper;
 mod session;
 mod stop_signals;
+mod task_output;
 mod task_process;
 mod task_spawner;
 mod token_redaction;

@@ -18,13 +18,16 @@ use crate::frames::{self, Reader, Writer};
 use airflow::backoff::Backoff;
 use futures_util::FutureExt;
 use nix::sys::signal::Signal;
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::Interest;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{oneshot, watch, Mutex};
@@ -234,9 +237,14 @@ impl PreforkLauncher {
         let _ = rx.wait_for(|over| *over).await;
     }
 
-    /// Asks the launcher to start a task; its pid, or why not. Any failure other than the
-    /// launcher's own "could not fork" answer leaves the launcher killed, to be restarted.
-    pub async fn launch(&self, request: &LaunchRequest<'_>) -> Result<i32, LaunchError> {
+    /// Asks the launcher to start a task, linked to the task host by `output`; its pid, or why
+    /// not. Any failure other than the launcher's own "could not fork" answer leaves the
+    /// launcher killed, to be restarted.
+    pub async fn launch(
+        &self,
+        request: &LaunchRequest<'_>,
+        output: OwnedFd,
+    ) -> Result<i32, LaunchError> {
         if !*self.first_start_over.borrow()
             && tokio::time::timeout(FIRST_START_WAIT, self.wait_first_start())
                 .await
@@ -247,6 +255,7 @@ impl PreforkLauncher {
         let mut ready = self.ready.lock().await;
         let launcher = ready.as_mut().ok_or(LaunchError::NotReady)?;
         let exchange = async {
+            send_descriptor(launcher.requests.get_ref().as_ref(), output).await?;
             frames::send(&mut launcher.requests, request).await?;
             self.reply(&mut launcher.replies).await
         };
@@ -265,6 +274,29 @@ impl PreforkLauncher {
             self.reaper.signal(launcher.pid, Signal::SIGKILL);
         }
         Err(failure)
+    }
+}
+
+/// Sends `fd` to the launcher with one byte (`SCM_RIGHTS`), between two frames; our copy is
+/// closed once it is on its way.
+async fn send_descriptor(stream: &UnixStream, fd: OwnedFd) -> std::io::Result<()> {
+    loop {
+        stream.writable().await?;
+        let sent = stream.try_io(Interest::WRITABLE, || {
+            sendmsg::<()>(
+                stream.as_raw_fd(),
+                &[IoSlice::new(b"f")],
+                &[ControlMessage::ScmRights(&[fd.as_raw_fd()])],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+            .map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -316,21 +348,25 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_task_claims_a_job_with_its_pid_in_one_step_or_not_at_all() {
-        // Won, then lost to the existing claim; the claim holds the pid, nothing else is left.
-        let out = run_script(
-            "import os, astro_launcher\n\
-            print(astro_launcher._claim('x.claim'), astro_launcher._claim('x.claim'),\n\
-                  open('x.claim').read() == str(os.getpid()), sorted(os.listdir('.')))",
-        );
-        assert_eq!(out, "True False True ['astro_launcher.py', 'x.claim']");
-        // The agent's claim (see `claimed_by`) came first.
-        let out = run_script(
-            "import os, astro_launcher\n\
-            open('y.claim', 'x').close()\n\
-            print(astro_launcher._claim('y.claim'), os.path.getsize('y.claim'))",
-        );
-        assert_eq!(out, "False 0");
+    fn a_task_runs_only_once_the_task_host_has_answered_its_claim() {
+        // The task claims with its pid and waits; a link closed unanswered ends it unrun (exit
+        // 0, before the supervisor's import, which fails here: exit 1 once past the claim).
+        let run = |answer: &str| {
+            run_script(&format!(
+                "import os, socket, struct, astro_launcher\n\
+                host, task = socket.socketpair()\n\
+                pid = os.fork()\n\
+                if pid == 0:\n\
+                \x20   host.close()\n\
+                \x20   astro_launcher._run_task({{'workload': {{}}}}, task.detach())\n\
+                task.close()\n\
+                claimed = struct.unpack('>i', host.recv(4))[0]\n\
+                {answer}\n\
+                print(claimed == pid, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
+            ))
+        };
+        assert_eq!(run("host.close()"), "True 0", "closed unanswered: not run");
+        assert_eq!(run("host.sendall(b'!')"), "True 1", "let go: run");
     }
 
     // ---- tasks through the real launcher script, with a fake `airflow` package ----
@@ -463,10 +499,9 @@ if __name__ == "__main__":
             ),
         ];
         let spawner = TaskSpawner::new(
-            settings(&python, dir.path(), mode),
+            settings(&python, mode),
             crate::task_env::inherited(parent.into_iter(), &[]).into_iter(),
-        )
-        .unwrap();
+        );
         let stop = CancellationToken::new();
         if let Some(launcher) = spawner.prefork_launcher() {
             tokio::spawn(launcher.supervise(stop.clone()));

@@ -2,11 +2,10 @@
 //! then SIGKILL), and the tail of its supervisor's output for the task log.
 
 use super::reaper::Reaper;
-use super::task_spawner::TaskFiles;
+use super::task_output::TaskOutput;
 use crate::config::LaunchMode;
 pub use crate::task_host_protocol::KILL_GRACE;
 use nix::sys::signal::Signal;
-use std::io::{Read, Seek, SeekFrom};
 use std::process::ExitStatus;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -20,13 +19,14 @@ pub enum Exit {
     Killed(ExitStatus),
 }
 
-/// A task process the agent started or adopted; its files are removed when it is dropped.
+/// A task process the agent started or adopted.
 pub struct TaskProcess {
     pid: i32,
     launched_by: LaunchMode,
     exit: oneshot::Receiver<ExitStatus>,
     reaper: &'static Reaper,
-    files: TaskFiles,
+    /// Read while it runs: a supervisor that fills the link would otherwise block.
+    output: TaskOutput,
 }
 
 impl TaskProcess {
@@ -36,14 +36,14 @@ impl TaskProcess {
         launched_by: LaunchMode,
         exit: oneshot::Receiver<ExitStatus>,
         reaper: &'static Reaper,
-        files: TaskFiles,
+        output: TaskOutput,
     ) -> Self {
         TaskProcess {
             pid,
             launched_by,
             exit,
             reaper,
-            files,
+            output,
         }
     }
 
@@ -56,10 +56,16 @@ impl TaskProcess {
         self.pid
     }
 
+    /// Its exit status, reading its output meanwhile.
     async fn exited(&mut self) -> std::io::Result<ExitStatus> {
-        (&mut self.exit)
-            .await
-            .map_err(|_| std::io::Error::other("the reaper stopped before the task ended"))
+        let status = loop {
+            tokio::select! {
+                status = &mut self.exit => break status,
+                () = self.output.read_some() => {}
+            }
+        };
+        self.output.read_arrived();
+        status.map_err(|_| std::io::Error::other("the reaper stopped before the task ended"))
     }
 
     /// Waits for the process to end; when `kill` fires first, SIGTERMs its process group
@@ -92,13 +98,8 @@ impl TaskProcess {
     }
 
     /// The last bytes the supervisor printed (its own errors land there, not in the task log).
-    pub fn output_tail(&self, max: u64) -> String {
-        let mut f = &self.files.output;
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
-        let mut buf = Vec::new();
-        let _ = f.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
+    pub fn output_tail(&self, max: usize) -> String {
+        self.output.tail(max)
     }
 }
 

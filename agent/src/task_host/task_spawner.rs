@@ -5,25 +5,25 @@
 //! Both ways to start it ([`LaunchMode`]) go through the launcher script
 //! (`agent/python/astro_launcher.py`, run as in [`launcher_script`]): a fork of the pre-forked
 //! launcher, which has Airflow imported already, or a fresh interpreter running the script for
-//! one task — the fallback
-//! whenever the launcher cannot start a task. The workload (it holds the task's Execution API
-//! token) travels in the request, never in a file or argv: the tasks run as the same user, and
-//! every process the request passes through makes itself non-dumpable first, so no other task
-//! can read it through `/proc`. The process gets the allowlisted environment of
-//! [`crate::task_env`] plus the settings below. A claim file decides races between the two
-//! ways: whoever creates it first runs the task.
+//! one task — the fallback whenever the launcher cannot start a task. The workload (it holds
+//! the task's Execution API token) travels in the request, never in a file or argv: the tasks
+//! run as the same user, and every process the request passes through makes itself
+//! non-dumpable first, so no other task can read it through `/proc`. The process gets the
+//! allowlisted environment of [`crate::task_env`] plus the settings below, and its link to the
+//! task host ([`TaskOutput`]: its stdout and stderr, and the claim that decides races between
+//! the two ways) is a socket, no file in any folder.
 
 use super::launcher_protocol::LaunchRequest;
 use super::launcher_script;
 use super::prefork_launcher::PreforkLauncher;
 use super::reaper::Reaper;
+use super::task_output::TaskOutput;
 use super::task_process::TaskProcess;
 use crate::config::LaunchMode;
 use crate::frames;
+use nix::sys::signal::Signal;
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -33,12 +33,13 @@ use tokio::io::AsyncReadExt;
 
 /// How long a fresh interpreter may take to start and say it is ready for its request.
 const FRESH_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a task the launcher says it started may take to claim its job: it waits to be
+/// re-parented to the task host first (its intermediate process exits), milliseconds.
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything needed to start task processes, computed once.
 pub struct TaskSpawner {
     python: PathBuf,
-    /// Removed with everything in it when the spawner is dropped.
-    work_dir: tempfile::TempDir,
     env: Vec<(OsString, OsString)>,
     reaper: &'static Reaper,
     prefork: Option<Arc<PreforkLauncher>>,
@@ -46,8 +47,6 @@ pub struct TaskSpawner {
 
 pub struct SpawnerSettings<'a> {
     pub python: &'a Path,
-    /// Where the private work directory is made (the system's temporary directory).
-    pub work_dir_in: &'a Path,
     pub execution_api_url: &'a str,
     pub worker_name: &'a str,
     pub log_folder: &'a Path,
@@ -57,26 +56,19 @@ pub struct SpawnerSettings<'a> {
 }
 
 impl TaskSpawner {
-    /// Creates the private work directory: a new directory with a random name and mode 0700,
-    /// so that nobody can prepare it (or a symlink in its place) beforehand.
     /// `inherited_env` is what tasks inherit ([`crate::task_env::inherited`]).
     pub fn new(
         settings: SpawnerSettings<'_>,
         inherited_env: impl Iterator<Item = (OsString, OsString)>,
-    ) -> std::io::Result<Self> {
+    ) -> Self {
         let SpawnerSettings {
             python,
-            work_dir_in,
             execution_api_url,
             worker_name,
             log_folder,
             mode,
             slots,
         } = settings;
-        let work_dir = tempfile::Builder::new()
-            .prefix("astro-agent-")
-            .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir_in(work_dir_in)?;
         let mut env: Vec<(OsString, OsString)> = inherited_env.collect();
         let set = [
             (
@@ -101,17 +93,12 @@ impl TaskSpawner {
             }
             _ => None,
         };
-        Ok(TaskSpawner {
+        TaskSpawner {
             python: python.to_path_buf(),
-            work_dir,
             env,
             reaper,
             prefork,
-        })
-    }
-
-    pub fn work_dir(&self) -> &Path {
-        self.work_dir.path()
+        }
     }
 
     /// The launcher to keep running, in pre-fork mode.
@@ -122,75 +109,70 @@ impl TaskSpawner {
     /// Starts the task for `workload` (the job's `command`).
     pub async fn spawn(&self, workload: &serde_json::Value) -> std::io::Result<TaskProcess> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let output_path = self.work_dir().join(format!("{id}.out"));
-        let output = private_file(&output_path)?;
-        let files = TaskFiles {
-            output: File::open(&output_path)?,
-            output_path,
-            claim: self.work_dir().join(format!("{id}.claim")),
+        let request = LaunchRequest {
+            id: &id,
+            host: std::process::id(),
+            workload,
         };
-
         if let Some(launcher) = &self.prefork {
-            let request = LaunchRequest {
-                id: &id,
-                host: std::process::id(),
-                workload,
-                output: Some(&files.output_path),
-                claim: Some(&files.claim),
-            };
-            match launcher.launch(&request).await {
-                Ok(pid) => return Ok(self.adopted(pid, files)),
-                Err(reason) => tracing::warn!("{reason}; starting the task in a fresh interpreter"),
+            let (mut output, theirs) = TaskOutput::pair()?;
+            match launcher.launch(&request, theirs).await {
+                Ok(pid) => match output.claim(CLAIM_TIMEOUT).await {
+                    Some(claimed) if claimed == pid => {
+                        output.go().await?;
+                        return Ok(self.adopted(pid, output));
+                    }
+                    claimed => {
+                        tracing::warn!(
+                            pid,
+                            ?claimed,
+                            "the launcher's task did not claim its job; starting it in a fresh interpreter"
+                        );
+                        self.reaper.signal(pid, Signal::SIGKILL);
+                    }
+                },
+                Err(reason) => {
+                    tracing::warn!("{reason}; starting the task in a fresh interpreter");
+                    // The launcher may have forked the task before it failed: its claim tells.
+                    if let Some(pid) = output.claimed_now() {
+                        tracing::info!(
+                            pid,
+                            "the launcher had started the task after all; adopting it"
+                        );
+                        output.go().await?;
+                        return Ok(self.adopted(pid, output));
+                    }
+                }
             }
-            // The launcher may have forked the task before it failed: the claim tells.
-            if let Some(pid) = claimed_by(&files.claim)? {
-                tracing::info!(
-                    pid,
-                    "the launcher had started the task after all; adopting it"
-                );
-                return Ok(self.adopted(pid, files));
-            }
+            // Closed unanswered: a task that claims the job now reads the end and exits unrun.
+            drop(output);
         }
-        self.spawn_fresh(&id, workload, output, files).await
+        self.spawn_fresh(&request).await
     }
 
     /// A fresh interpreter runs the launcher script for this one task. It gets its request on
     /// a socket as stdin, and only once it has said it is not dumpable.
-    async fn spawn_fresh(
-        &self,
-        id: &str,
-        workload: &serde_json::Value,
-        output: File,
-        files: TaskFiles,
-    ) -> std::io::Result<TaskProcess> {
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    async fn spawn_fresh(&self, request: &LaunchRequest<'_>) -> std::io::Result<TaskProcess> {
+        let (output, theirs) = TaskOutput::pair()?;
+        let (ours, stdin) = std::os::unix::net::UnixStream::pair()?;
         let (child, exit) = self.reaper.spawn(
             launcher_script::command(&self.python, "--one")
                 .env_clear()
                 .envs(self.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::from(OwnedFd::from(theirs)))
-                .stdout(output.try_clone()?)
-                .stderr(output)
+                .stdin(Stdio::from(OwnedFd::from(stdin)))
+                .stdout(Stdio::from(theirs.try_clone()?))
+                .stderr(Stdio::from(theirs))
                 .process_group(0),
         )?;
         let pid = child.id() as i32;
-        // The child has the file open: no other process needs its name.
-        let _ = std::fs::remove_file(&files.output_path);
-        let process = TaskProcess::new(pid, LaunchMode::Fresh, exit, self.reaper, files);
+        let process = TaskProcess::new(pid, LaunchMode::Fresh, exit, self.reaper, output);
         ours.set_nonblocking(true)?;
         let ours = tokio::net::UnixStream::from_std(ours)?;
         let (mut read, write) = ours.into_split();
         let handshake = async {
             let mut ready = [0u8; 1];
             read.read_exact(&mut ready).await?;
-            let request = LaunchRequest {
-                id,
-                host: std::process::id(),
-                workload,
-                output: None,
-                claim: None,
-            };
-            frames::send(&mut frames::writer(write), &request).await
+            frames::send(&mut frames::writer(write), request).await
         };
         match tokio::time::timeout(FRESH_READY_TIMEOUT, handshake).await {
             Ok(Ok(())) => Ok(process),
@@ -208,55 +190,14 @@ impl TaskSpawner {
     }
 
     /// A task the launcher forked, re-parented to the task host.
-    fn adopted(&self, pid: i32, files: TaskFiles) -> TaskProcess {
+    fn adopted(&self, pid: i32, output: TaskOutput) -> TaskProcess {
         TaskProcess::new(
             pid,
             LaunchMode::Prefork,
             self.reaper.watch(pid),
             self.reaper,
-            files,
+            output,
         )
-    }
-}
-
-fn private_file(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-}
-
-/// Claims the job for a fresh interpreter, or returns the pid of the launcher's task that
-/// claimed it first. A task links its claim into place with its pid already written, so a
-/// claim that exists is complete.
-fn claimed_by(claim: &Path) -> std::io::Result<Option<i32>> {
-    match private_file(claim) {
-        Ok(_) => Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let text = std::fs::read_to_string(claim)?;
-            let pid = text.trim().parse().map_err(|_| {
-                std::io::Error::other(format!("a task claimed the job but wrote no pid: {text:?}"))
-            })?;
-            Ok(Some(pid))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Files of one task; the task process keeps them, and they are removed when it is dropped.
-pub struct TaskFiles {
-    /// The supervisor's stdout and stderr, open for reading: its name goes as soon as the task
-    /// has opened it, so other tasks cannot read it.
-    pub output: File,
-    output_path: PathBuf,
-    claim: PathBuf,
-}
-
-impl Drop for TaskFiles {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.output_path);
-        let _ = std::fs::remove_file(&self.claim);
     }
 }
 
@@ -265,6 +206,7 @@ pub(crate) mod tests {
     use super::super::task_process::Exit;
     use super::*;
     use crate::task_env::EnvPattern;
+    use std::os::unix::fs::PermissionsExt;
     use tokio_util::sync::CancellationToken;
 
     /// A stand-in "python" for fresh mode that records its argv and environment, says it is
@@ -280,14 +222,9 @@ pub(crate) mod tests {
         path
     }
 
-    pub(crate) fn settings<'a>(
-        python: &'a Path,
-        dir: &'a Path,
-        mode: LaunchMode,
-    ) -> SpawnerSettings<'a> {
+    pub(crate) fn settings(python: &Path, mode: LaunchMode) -> SpawnerSettings<'_> {
         SpawnerSettings {
             python,
-            work_dir_in: dir,
             execution_api_url: "http://api:8080/execution/",
             worker_name: "worker-7",
             log_folder: Path::new("/logs"),
@@ -317,10 +254,9 @@ pub(crate) mod tests {
         // As the agent builds it: the allowlist, with what the fake supervisor reads added.
         let allowed = ["RECORD", "ACTION"].map(|name| EnvPattern::parse(name).unwrap());
         TaskSpawner::new(
-            settings(python, dir, LaunchMode::Fresh),
+            settings(python, LaunchMode::Fresh),
             crate::task_env::inherited(parent.into_iter(), &allowed).into_iter(),
         )
-        .unwrap()
     }
 
     #[tokio::test]
@@ -342,7 +278,6 @@ pub(crate) mod tests {
         );
         let request: serde_json::Value = serde_json::from_str(&rec("request")).unwrap();
         assert_eq!(request["workload"], workload, "{request}");
-        assert_eq!(request["claim"], serde_json::Value::Null, "{request}");
         let env = rec("env");
         assert!(env.contains("AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://api:8080/execution/"));
         assert!(env.contains("HOSTNAME=worker-7"));
@@ -360,40 +295,32 @@ pub(crate) mod tests {
             );
         }
         assert!(p.output_tail(1024).contains("supervisor-says-hi"));
-        drop(p);
-        let left: Vec<_> = std::fs::read_dir(spawner.work_dir())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert!(left.is_empty(), "task files are removed: {left:?}");
-        let mode = std::fs::metadata(spawner.work_dir())
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[tokio::test]
-    async fn the_work_dir_is_new_private_and_unpredictable() {
+    async fn the_supervisors_output_reaches_no_file_and_its_tail_is_kept() {
         let dir = tempfile::tempdir().unwrap();
         let python = fake_python(dir.path());
-        // What someone preparing the agent's directory would have guessed.
-        let guess = dir
-            .path()
-            .join(format!("astro-agent-{}", std::process::id()));
-        std::os::unix::fs::symlink("/", &guess).unwrap();
-        let a = fresh_spawner(dir.path(), &python, "exit 0");
-        let b = fresh_spawner(dir.path(), &python, "exit 0");
-        assert_ne!(a.work_dir(), b.work_dir());
-        for spawner in [&a, &b] {
-            assert_ne!(spawner.work_dir(), guess);
-            let meta = std::fs::symlink_metadata(spawner.work_dir()).unwrap();
-            assert!(meta.is_dir());
-            assert_eq!(meta.permissions().mode() & 0o777, 0o700);
-        }
-        let work_dir = a.work_dir().to_path_buf();
-        drop(a);
-        assert!(!work_dir.exists(), "removed with its spawner");
+        // 200 KiB, more than is kept; then what the supervisor says last.
+        let spawner = fresh_spawner(
+            dir.path(),
+            &python,
+            "head -c 204800 /dev/zero | tr '\\0' x; echo; echo last-words >&2; ls -l /proc/$$/fd/ > \"$RECORD.fds\"; true",
+        );
+        let mut p = spawner.spawn(&serde_json::json!({})).await.unwrap();
+        let exit = p.wait(&CancellationToken::new()).await.unwrap();
+        assert!(matches!(exit, Exit::Finished(s) if s.success()), "{exit:?}");
+        let tail = p.output_tail(1024);
+        // stdout's and stderr's last bytes, and no more than asked for.
+        assert!(
+            tail.starts_with('x') && tail.ends_with("x\nlast-words\n"),
+            "{tail:?}"
+        );
+        assert_eq!(tail.len(), 1024);
+        // Its stderr (and stdout, the same) is a socket: nothing to open by name, or again
+        // through /proc. (The shell's stdout is the record file while `ls` runs.)
+        let fds = std::fs::read_to_string(dir.path().join("rec.fds")).unwrap();
+        assert!(fds.contains(" 2 -> socket:["), "{fds}");
     }
 
     #[tokio::test]
@@ -406,24 +333,5 @@ pub(crate) mod tests {
             .err()
             .expect("spawn fails");
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
-        assert_eq!(
-            std::fs::read_dir(spawner.work_dir()).unwrap().count(),
-            0,
-            "nothing left behind"
-        );
-    }
-
-    #[test]
-    fn a_claimed_job_is_adopted_not_started_twice() {
-        let dir = tempfile::tempdir().unwrap();
-        let claim = dir.path().join("x.claim");
-        assert_eq!(claimed_by(&claim).unwrap(), None, "first claim wins");
-        assert!(
-            claimed_by(&claim).is_err(),
-            "the agent's claim names no task"
-        );
-        let other = dir.path().join("y.claim");
-        std::fs::write(&other, "4242").unwrap();
-        assert_eq!(claimed_by(&other).unwrap(), Some(4242));
     }
 }
