@@ -7,6 +7,7 @@ newest patch of every Airflow 3 minor; in the e2e stage it runs against the defa
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -14,6 +15,9 @@ from harness.procs import wait_for
 
 DAG = "e2e_compat_mix"
 MARKER = "astro-e2e marker"
+
+#: An Execution API token (a JWT): three base64url segments, the last two long.
+TOKEN = re.compile(r"[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{20,}\.[A-Za-z0-9_-]{20,}")
 
 #: task id -> (final state, the try that ended it, map indexes)
 EXPECTED = {
@@ -59,3 +63,11 @@ def test_every_kind_of_task_instance_runs_reports_and_ships_its_log(airflow, tri
     # The failure's exception is in the log's structured entries (not in their text lines).
     failed_log = json.dumps(airflow.client.task_log(DAG, run, "fails", 1, -1))
     assert "astro-e2e intended failure" in failed_log, failed_log[-1500:]
+
+    # No Execution API token in what the agent logged, nor in what it appended to the failed
+    # task's log from its supervisor's output (Airflow 3.0's supervisor can print its workload
+    # there, token included; the task host redacts it before reporting).
+    agent_log = agent.daemon.log_file.read_text(errors="replace")
+    for where, text in (("the agent's log", agent_log), ("the failed task's log", failed_log)):
+        found = TOKEN.search(text)
+        assert not found, f"a token in {where}: {found.group(0)[:24]}..."
