@@ -378,14 +378,8 @@ def test_a_task_cannot_stop_the_tasks_of_its_worker_by_signalling_pid_1(podman, 
     A task's signal is not the container's stop: the task host ignores it, the task running
     beside the signaller and the next one succeed, and the task host says what it ignored."""
     with attacked_pod(podman, airflow, tmp_path) as (pod, trigger):
-        run = trigger(SIGNAL_DAG)
-        try:
-            state = airflow.client.wait_run(*run, timeout=240)
-        except TimeoutError:
-            state = "not finished within 240 s"
-        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(*run)}
+        state, tis, said = _attack_outcome(airflow, trigger(SIGNAL_DAG), "signal_pid1", timeout=240)
         assert state == "success", f"{tis}\n{pod.all_logs()}"
-        said = airflow.client.task_log_text(*run, "signal_pid1")
         assert "astro-signal-pid1: sent" in said, said[-3000:]
         task_host_log = pod.whole_log(pod.tasks)
         for name in ("SIGTERM", "SIGINT"):
@@ -421,13 +415,7 @@ def test_a_task_cannot_hijack_the_launcher_of_the_next_tasks(podman, agent_image
     would reach the attacker. The launcher's source travels in argv, the current folder is off
     the path, and its requests travel on a socket: nothing is captured, and the next task runs."""
     with attacked_pod(podman, airflow, tmp_path, mode) as (pod, trigger):
-        run = trigger(HIJACK_DAG, {"log_folder": LOG_FOLDER})
-        try:
-            state = airflow.client.wait_run(*run, timeout=300)
-        except TimeoutError:
-            state = "not finished within 300 s"
-        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(*run)}
-        said = airflow.client.task_log_text(*run, "hijack")
+        state, tis, said = _attack_outcome(airflow, trigger(HIJACK_DAG, {"log_folder": LOG_FOLDER}), "hijack")
         print("\n".join(line for line in said.splitlines() if "astro-launcher-hijack:" in line))
         capture = pod.logs / "hijack-capture"
         captured = capture.read_bytes() if capture.exists() else b""
@@ -449,13 +437,7 @@ def test_a_task_cannot_open_the_output_of_another_task(podman, agent_image, task
     one end of a socket pair, with no name and no way to open it again: the attacker opens
     nothing, and every task runs."""
     with attacked_pod(podman, airflow, tmp_path, mode) as (pod, trigger):
-        run = trigger(RACE_DAG, {"log_folder": LOG_FOLDER})
-        try:
-            state = airflow.client.wait_run(*run, timeout=300)
-        except TimeoutError:
-            state = "not finished within 300 s"
-        tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(*run)}
-        said = airflow.client.task_log_text(*run, "race")
+        state, tis, said = _attack_outcome(airflow, trigger(RACE_DAG, {"log_folder": LOG_FOLDER}), "race")
         line = next((line for line in said.splitlines() if "astro-work-file-race:" in line), "(nothing said)")
         print(line[:3000])
         opened_file = pod.logs / "race-opened"
@@ -467,6 +449,18 @@ def test_a_task_cannot_open_the_output_of_another_task(podman, agent_image, task
         if mode == "fresh":
             # It saw the victims' interpreters (and the pause's) start: each a child of PID 1.
             assert int(looked.group(2)) >= 4, line[:3000]
+
+
+def _attack_outcome(airflow: AirflowStack, run: tuple[str, str], attacker: str,
+                    timeout: float = 300) -> tuple[str, dict[str, str], str]:
+    """The run's state once it ended (or why not), each task's state, and the attacker task's
+    log."""
+    try:
+        state = airflow.client.wait_run(*run, timeout=timeout)
+    except TimeoutError:
+        state = f"not finished within {timeout:.0f} s"
+    tis = {ti["task_id"]: ti["state"] for ti in airflow.client.task_instances(*run)}
+    return state, tis, airflow.client.task_log_text(*run, attacker)
 
 
 def _is_agent(argv: list[str]) -> bool:
